@@ -1,0 +1,437 @@
+"""`transform`: compile a model into a per-frame step that reuses earlier work.
+
+::
+
+    from dcjax import deepcache
+    cached = deepcache.transform(model, variables, frame_shape=(227, 227, 3))
+    state = cached.init()
+    out, state, info = cached.step(state, frame)       # jitted
+    outs, state, infos = cached.run(frames, state)     # lax.scan over frames
+
+The model (a Flax module or ``fn(variables, x)``) is traced once to a jaxpr;
+its convolutions become reuse steps: ``out_t = where(R_out, shift(cache_{t-1},
+M/s), conv(x_t))`` with ``R_out`` derived from the matcher's input mask ``R0``
+by the per-primitive rules of `dcjax.transforms.regions` (DESIGN.md, "The
+contract"). `step` is pure: ``step(state, frame) -> (output, state, info)``;
+`run` is a `lax.scan` of it; nothing is retraced per frame.
+
+Frames are ``(H, W, C)`` arrays, uint8 or floating point. Unless a
+``preprocess`` function is given, uint8 frames are divided by 255 and float
+frames are passed as they are, in ``input_dtype``. ``preprocess`` must act per
+pixel (normalisation, colour conversion), since reuse masks refer to pixels.
+The matcher sees the raw frames.
+
+The output is what ``model.apply(variables, frame[None])`` returns (with its
+batch axis of 1).
+
+A frame is recomputed in full (R0 all false) on the first frame, every
+``refresh_every`` frames, when fewer than ``min_match`` of the blocks match,
+and when the frame holds NaN or Inf; such a frame is not used as the cache key
+for the next one, which is then recomputed in full too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from dcjax import kernels, matching
+from dcjax.config import Config
+from dcjax.matching.types import Match
+from dcjax.transforms.interpreter import FrameContext, evaluate
+from dcjax.transforms.signatures import Layer, Spatial, analyze
+from dcjax.transforms.trace import check_frame_shape, trace_model
+
+__all__ = ["CacheState", "CachedModel", "Config", "Match", "transform"]
+
+_NHWC = ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CacheState:
+    """Everything a stream carries from one frame to the next (a pytree).
+
+    Attributes:
+        prev_frame: the last finite frame, the cache key for the next one.
+        has_prev: whether ``prev_frame`` and the caches can be reused.
+        since_refresh: frames since the last full recompute.
+        frame_index: frames stepped so far.
+        motion: the last frame's global motion (the next search starts there).
+        caches: one cached output per reused layer, in ``CachedModel.layers``
+            order.
+        layer_valid: per layer, whether its cache holds the previous frame's
+            output (false after a layer was skipped).
+    """
+
+    prev_frame: jax.Array
+    has_prev: jax.Array
+    since_refresh: jax.Array
+    frame_index: jax.Array
+    motion: jax.Array
+    caches: tuple
+    layer_valid: jax.Array
+
+
+class CachedModel:
+    """A model compiled for cached per-frame inference; see `transform`."""
+
+    def __init__(
+        self,
+        model: Any,
+        variables: Any,
+        *,
+        frame_shape: tuple[int, int, int],
+        config: Config,
+        preprocess: Callable[[jax.Array], jax.Array] | None,
+        input_dtype: Any,
+    ) -> None:
+        if not isinstance(config, Config):
+            raise TypeError(
+                f"dcjax: config must be a deepcache.Config, got {type(config).__name__}"
+            )
+        if preprocess is not None and not callable(preprocess):
+            raise TypeError("dcjax: preprocess must be a callable frame -> model input")
+        self.config = config
+        self.frame_shape = check_frame_shape(frame_shape)
+        self._preprocess = preprocess
+        self._traced = trace_model(model, variables, self.frame_shape, input_dtype)
+        n = len(self._traced.leaves)
+        frame_sig = Spatial(axes=(1, 2), size=self.frame_shape[:2], stride=(1, 1))
+        self._analysis = analyze(
+            self._traced.jaxpr,
+            [None] * n + [frame_sig],
+            [False] * n + [True],
+            reuse_ops=config.reuse_ops,
+        )
+        self.layers: tuple[Layer, ...] = tuple(self._analysis.layers)
+        self.unsupported_primitives: tuple[str, ...] = tuple(sorted(self._analysis.unsupported))
+        if self.unsupported_primitives:
+            warnings.warn(
+                "dcjax: no reuse rule for primitive(s) "
+                f"{', '.join(self.unsupported_primitives)}; their outputs are recomputed in "
+                "full and nothing downstream of them is reused",
+                stacklevel=3,
+            )
+        self.total_flops = sum(layer.flops for layer in self.layers) + (
+            self._analysis.other_conv_flops
+        )
+        self._flops = jnp.asarray([layer.flops for layer in self.layers], jnp.float32)
+        self._trace_count = 0
+        self._step_jit = jax.jit(self._step_impl)
+        self._run_jit = jax.jit(self._run_impl)
+        self._apply_jit = jax.jit(self._apply_impl)
+
+    # -- public API ----------------------------------------------------------
+
+    @property
+    def trace_count(self) -> int:
+        """How many times the step has been traced (compiled) so far."""
+        return self._trace_count
+
+    def init(self) -> CacheState:
+        """A fresh state: the first step recomputes everything."""
+        caches = tuple(jnp.zeros(layer.out_shape, layer.dtype) for layer in self.layers)
+        return CacheState(
+            prev_frame=jnp.zeros(self.frame_shape, jnp.float32),
+            has_prev=jnp.bool_(False),
+            since_refresh=jnp.int32(0),
+            frame_index=jnp.int32(0),
+            motion=jnp.zeros((2,), jnp.int32),
+            caches=caches,
+            layer_valid=jnp.zeros((len(self.layers),), bool),
+        )
+
+    def step(
+        self, state: CacheState, frame: jax.Array, match: Match | None = None
+    ) -> tuple[Any, CacheState, dict]:
+        """Process one frame.
+
+        Args:
+            state: from `init` or the previous step.
+            frame: ``(H, W, C)`` uint8 or floating-point frame.
+            match: a known match (motion and mask) to use instead of the
+                built-in matcher.
+
+        Returns:
+            ``(output, state, info)``; ``info`` holds ``motion``, ``refreshed``,
+            ``nonfinite``, ``match_ratio``, ``input_reuse`` (fraction of input
+            pixels reused), ``reuse_fraction`` (per layer) and ``flops_ratio``
+            (convolution FLOPs that had to be computed / those of a full
+            recompute).
+        """
+        frame = self._check_frame(frame, "frame", 3)
+        match = self._check_match(match, batched=False)
+        return self._step_jit(self._traced.leaves, state, frame, match)
+
+    def run(
+        self,
+        frames: jax.Array,
+        state: CacheState | None = None,
+        matches: Match | None = None,
+    ) -> tuple[Any, CacheState, dict]:
+        """Process ``frames`` (T, H, W, C) with a `lax.scan` of `step`.
+
+        Returns outputs and infos stacked along a leading T axis.
+        """
+        frames = self._check_frame(frames, "frames", 4)
+        matches = self._check_match(matches, batched=True)
+        if state is None:
+            state = self.init()
+        return self._run_jit(self._traced.leaves, state, frames, matches)
+
+    def apply(self, frame: jax.Array) -> Any:
+        """The untransformed model on one frame (no cache), for comparison."""
+        frame = self._check_frame(frame, "frame", 3)
+        return self._apply_jit(self._traced.leaves, frame)
+
+    # -- checks --------------------------------------------------------------
+
+    def _check_frame(self, frame: Any, name: str, ndim: int) -> jax.Array:
+        if not hasattr(frame, "shape") or not hasattr(frame, "dtype"):
+            try:
+                frame = jnp.asarray(frame)
+            except TypeError as e:
+                raise TypeError(f"dcjax: {name} must be an array, got {type(frame).__name__}") from e
+        dtype = jnp.dtype(frame.dtype)
+        if not (dtype == jnp.uint8 or jnp.issubdtype(dtype, jnp.floating)):
+            raise TypeError(
+                f"dcjax: {name} has dtype {dtype.name}; pass uint8 (0-255) or floating-point "
+                "frames"
+            )
+        want = self.frame_shape if ndim == 3 else ("T", *self.frame_shape)
+        shape = tuple(frame.shape)
+        if len(shape) != ndim:
+            raise ValueError(
+                f"dcjax: {name} must have shape {tuple(want)}, got an array of shape {shape}"
+            )
+        if shape[-3:] != self.frame_shape:
+            what = "frame" if ndim == 3 else "frames"
+            raise ValueError(
+                f"dcjax: {what} has shape {shape[-3:]} but the model was transformed for "
+                f"{self.frame_shape}"
+            )
+        return frame
+
+    def _check_match(self, match: Match | None, *, batched: bool) -> Match | None:
+        if match is None:
+            return None
+        if not isinstance(match, Match):
+            raise TypeError(
+                f"dcjax: match must be a deepcache.Match, got {type(match).__name__}"
+            )
+        lead = (-1,) if batched else ()
+        motion = jnp.asarray(match.motion, jnp.int32)
+        mask = jnp.asarray(match.mask)
+        hw = self.frame_shape[:2]
+        if motion.shape[-1:] != (2,) or motion.ndim != len(lead) + 1:
+            raise ValueError(f"dcjax: match.motion must be (dy, dx), got shape {motion.shape}")
+        if mask.shape[-2:] != hw or mask.ndim != len(lead) + 2:
+            raise ValueError(
+                f"dcjax: match.mask has shape {mask.shape} but frames are {hw} (H, W)"
+            )
+        ratio = match.match_ratio
+        if ratio is None:
+            ratio = mask.astype(jnp.float32).mean(axis=(-2, -1))
+        return Match(motion=motion, mask=mask.astype(bool), match_ratio=ratio)
+
+    # -- compiled bodies -----------------------------------------------------
+
+    def _prepare(self, frame: jax.Array) -> jax.Array:
+        if self._preprocess is not None:
+            x = self._preprocess(frame)
+        elif frame.dtype == jnp.uint8:
+            x = frame.astype(jnp.float32) / 255.0
+        else:
+            x = frame
+        x = jnp.asarray(x).astype(self._traced.input_dtype)
+        if x.shape != self.frame_shape:
+            raise ValueError(
+                f"dcjax: preprocess returned shape {x.shape}; it must keep the frame's shape "
+                f"{self.frame_shape}"
+            )
+        return x
+
+    def _apply_impl(self, leaves, frame):
+        from jax.extend.core import jaxpr_as_fun
+
+        outs = jaxpr_as_fun(self._traced.jaxpr)(*leaves, self._prepare(frame)[None])
+        return jax.tree_util.tree_unflatten(self._traced.out_tree, outs)
+
+    def _match(self, prev: jax.Array, cur: jax.Array, init_motion: jax.Array) -> Match:
+        cfg = self.config
+        common = dict(
+            block_size=cfg.block_size,
+            psnr_threshold=cfg.psnr_threshold,
+            color=cfg.color,
+            data_range=cfg.data_range,
+        )
+        prev = prev.astype(cur.dtype)
+        if cfg.matcher == "static":
+            return matching.static_match(prev, cur, **common, **cfg.matcher_options)
+        if cfg.matcher == "histogram":
+            return matching.histogram_match(prev, cur, **cfg.matcher_options)
+        return matching.match(
+            prev, cur, search=cfg.matcher, init_motion=init_motion, **common,
+            **cfg.matcher_options,
+        )  # fmt: skip
+
+    def _reuse_layer(self, eqn, invals, mask, shifted):
+        """One reused convolution: fresh values where ``mask`` is false."""
+        p = eqn.params
+        dn = p["dimension_numbers"]
+        nhwc = (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)) == _NHWC
+        plain = (
+            nhwc
+            and tuple(p["lhs_dilation"]) == (1, 1)
+            and p["batch_group_count"] == 1
+            and p["precision"] is None
+            and p["preferred_element_type"] is None
+        )
+        x, w = invals
+        if self.config.kernel != "reference" and plain:
+            n = x.shape[0]
+            return kernels.masked_conv(
+                x,
+                w,
+                jnp.broadcast_to(mask, (n, *mask.shape)),
+                shifted,
+                strides=p["window_strides"],
+                padding=p["padding"],
+                dilation=p["rhs_dilation"],
+                groups=p["feature_group_count"],
+                impl=self.config.kernel,
+            )
+        dense = eqn.primitive.bind(x, w, **p)
+        return jnp.where(_expand(mask, dense.ndim, self._out_axes(eqn)), shifted, dense)
+
+    def _out_axes(self, eqn) -> tuple[int, int]:
+        dn = eqn.params["dimension_numbers"]
+        return tuple(dn.out_spec[2:])
+
+    def _step_impl(self, leaves, state: CacheState, frame, match: Match | None):
+        self._trace_count += 1
+        cfg = self.config
+        x = self._prepare(frame)
+        finite = (
+            jnp.all(jnp.isfinite(frame))
+            if jnp.issubdtype(frame.dtype, jnp.floating)
+            else jnp.bool_(True)
+        )
+        m = self._match(state.prev_frame, frame, state.motion) if match is None else match
+        ratio = m.match_ratio if m.match_ratio is not None else m.mask.mean(dtype=jnp.float32)
+        refresh = ~state.has_prev | (ratio < cfg.min_match) | ~finite
+        if cfg.refresh_every is not None:
+            refresh = refresh | (state.since_refresh >= cfg.refresh_every)
+        motion = jnp.asarray(m.motion, jnp.int32)
+        h, w = self.frame_shape[:2]
+        iy = jnp.arange(h)[:, None] + motion[0]
+        ix = jnp.arange(w)[None, :] + motion[1]
+        inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
+        r0 = m.mask & inside & ~refresh
+        if cfg.psnr_threshold == float("inf"):
+            r0 = jnp.zeros_like(r0)  # never reuse, whatever the matcher says
+
+        ctx = FrameContext(motion, cfg.alignment)
+        caches = list(state.caches)
+        fractions = [jnp.float32(0.0)] * len(self.layers)
+
+        def reuse(index, eqn, invals, mask):
+            layer = self.layers[index]
+            mask = mask & state.layer_valid[index]
+            dy, dx, _ = ctx.shift(layer.signature)
+            shifted = jnp.roll(state.caches[index], (-dy, -dx), axis=layer.signature.axes)
+            out = self._reuse_layer(eqn, invals, mask, shifted)
+            caches[index] = out
+            fractions[index] = mask.mean(dtype=jnp.float32)
+            return out
+
+        n = len(leaves)
+        outs, _ = evaluate(
+            self._analysis, [*leaves, x[None]], [True] * n + [r0], ctx, reuse
+        )
+        output = jax.tree_util.tree_unflatten(self._traced.out_tree, outs)
+
+        reuse_fraction = (
+            jnp.stack(fractions) if fractions else jnp.zeros((0,), jnp.float32)
+        )
+        computed = jnp.sum((1.0 - reuse_fraction) * self._flops) + self._analysis.other_conv_flops
+        flops_ratio = computed / max(self.total_flops, 1)
+        new_state = CacheState(
+            prev_frame=jnp.where(finite, frame.astype(jnp.float32), state.prev_frame),
+            has_prev=finite,
+            since_refresh=jnp.where(refresh, 1, state.since_refresh + 1).astype(jnp.int32),
+            frame_index=state.frame_index + 1,
+            motion=jnp.where(finite, motion, state.motion),
+            caches=tuple(caches),
+            layer_valid=jnp.ones((len(self.layers),), bool),
+        )
+        info = {
+            "motion": motion,
+            "refreshed": refresh,
+            "nonfinite": ~finite,
+            "match_ratio": jnp.asarray(ratio, jnp.float32),
+            "input_reuse": r0.mean(dtype=jnp.float32),
+            "reuse_fraction": reuse_fraction,
+            "flops_ratio": jnp.asarray(flops_ratio, jnp.float32),
+        }
+        return output, new_state, info
+
+    def _run_impl(self, leaves, state, frames, matches):
+        def body(st, xs):
+            frame, match = xs
+            out, st, info = self._step_impl(leaves, st, frame, match)
+            return st, (out, info)
+
+        state, (outs, infos) = lax.scan(body, state, (frames, matches))
+        return outs, state, infos
+
+
+def _expand(mask: jax.Array, ndim: int, axes: tuple[int, int]) -> jax.Array:
+    """Insert unit axes so a (H, W) mask broadcasts against a rank-`ndim` value."""
+    shape = [1] * ndim
+    shape[axes[0]], shape[axes[1]] = mask.shape
+    if axes[0] > axes[1]:
+        mask = mask.T
+    return mask.reshape(shape)
+
+
+def transform(
+    model: Any,
+    variables: Any,
+    *,
+    frame_shape: tuple[int, int, int],
+    config: Config | None = None,
+    preprocess: Callable[[jax.Array], jax.Array] | None = None,
+    input_dtype: Any = jnp.float32,
+) -> CachedModel:
+    """Compile ``model`` into a cached per-frame step.
+
+    Args:
+        model: a `flax.linen.Module` (called as ``model.apply(variables, x)``)
+            or a callable ``fn(variables, x)``; ``x`` has a leading batch axis.
+        variables: the model's variables (params, batch stats, ...).
+        frame_shape: ``(H, W, C)`` of the frames.
+        config: a `Config`; default ``Config()``.
+        preprocess: per-pixel function from a raw ``(H, W, C)`` frame to the
+            model's input; default divides uint8 frames by 255.
+        input_dtype: dtype the model is traced with.
+
+    Returns:
+        A `CachedModel` with ``init``, ``step``, ``run``, ``apply`` and
+        ``layers``.
+    """
+    return CachedModel(
+        model,
+        variables,
+        frame_shape=frame_shape,
+        config=Config() if config is None else config,
+        preprocess=preprocess,
+        input_dtype=input_dtype,
+    )

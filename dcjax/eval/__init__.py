@@ -1,0 +1,1 @@
+"""dcjax subpackage."""

@@ -1,0 +1,197 @@
+"""The caching interpreter: evaluate a traced model, reusing cached layer outputs.
+
+`evaluate` runs the equations of an analysed jaxpr (see `signatures.analyze`)
+with `jax` primitives, carrying next to every value its reuse mask (see
+`regions`). Equations that do not depend on the frame run as they are and carry
+the static mask ``True``; call-like primitives are interpreted in place, so
+layers inside `jit`, `remat` or custom-derivative calls are reused too.
+
+Every reused layer (a convolution by default) is handed to a ``reuse``
+callback with its output mask; the callback returns the layer's output
+(``where(R_out, shift(cache_{t-1}, M/s), op(x_t))``, computed sparsely by the
+kernels) and records the new cache. The interpreter itself holds no state.
+
+`FrameContext` is the per-frame view the mask rules use: the global motion
+``M = (My, Mx)`` and the alignment policy. For a variable of stride
+``s = p/q`` the shift is ``M * q / p``. Under ``alignment="exact"`` a variable
+whose shift is not an integer is not reusable at all; under ``"round"`` the
+shift is rounded half up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.extend import core as jcore
+
+from dcjax.transforms import regions
+from dcjax.transforms.signatures import Analysis, Spatial
+
+ReuseFn = Callable[[int, jcore.JaxprEqn, list, jax.Array], jax.Array]
+
+
+class FrameContext:
+    """The frame's motion, as the mask rules and the reuse step see it.
+
+    Args:
+        motion: int32 ``(2,)``, the global motion ``(My, Mx)`` in input pixels.
+        alignment: ``"exact"`` or ``"round"``.
+    """
+
+    def __init__(self, motion: jax.Array, alignment: str) -> None:
+        self.motion = jnp.asarray(motion, jnp.int32)
+        self.alignment = alignment
+        self._shifts: dict[Any, tuple] = {}
+        self._valid: dict[Any, jax.Array] = {}
+        self.zero_motion = jnp.all(self.motion == 0)
+
+    def shift(self, sig: Spatial) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """``(dy, dx, aligned)``: the shift at a variable of signature ``sig``."""
+        key = sig.stride
+        if key not in self._shifts:
+            out = []
+            aligned = jnp.bool_(True)
+            for k in range(2):
+                p, q = sig.stride[k].numerator, sig.stride[k].denominator
+                num = self.motion[k] * q
+                if self.alignment == "exact":
+                    aligned = aligned & (num % p == 0)
+                    out.append(num // p)
+                else:
+                    out.append((2 * num + p) // (2 * p))
+            self._shifts[key] = (out[0], out[1], aligned)
+        return self._shifts[key]
+
+    def zero_shift(self, sig: Spatial) -> tuple[jax.Array, jax.Array]:
+        dy, dx, _ = self.shift(sig)
+        return dy == 0, dx == 0
+
+    def valid(self, sig: Spatial) -> jax.Array:
+        """(H_v, W_v): aligned, and the shifted position lies inside the map."""
+        key = (sig.size, sig.stride)
+        if key not in self._valid:
+            dy, dx, aligned = self.shift(sig)
+            iy = jnp.arange(sig.size[0])[:, None] + dy
+            ix = jnp.arange(sig.size[1])[None, :] + dx
+            inside = (iy >= 0) & (iy < sig.size[0]) & (ix >= 0) & (ix < sig.size[1])
+            self._valid[key] = inside & aligned
+        return self._valid[key]
+
+    def collapse(self, mask: regions.Mask) -> regions.Mask:
+        if mask is True:
+            return True
+        return jnp.all(mask) & self.zero_motion
+
+
+def _bind(eqn: jcore.JaxprEqn, invals: Sequence[Any]) -> list:
+    out = eqn.primitive.bind(*invals, **eqn.params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def _needs_valid(in_sigs: Sequence, out_sig: Spatial | None) -> bool:
+    return out_sig is not None and all(s != out_sig for s in in_sigs)
+
+
+def evaluate(
+    analysis: Analysis,
+    args: Sequence[Any],
+    masks: Sequence[regions.Mask],
+    ctx: FrameContext,
+    reuse: ReuseFn,
+    on_unsupported: Callable[[str], None] | None = None,
+    record: Callable[..., None] | None = None,
+    _path: tuple[int, ...] = (),
+) -> tuple[list, list]:
+    """Evaluate ``analysis.jaxpr`` on ``args``, propagating reuse masks.
+
+    Args:
+        analysis: the result of `signatures.analyze` for this jaxpr.
+        args: one value per invar.
+        masks: one mask per invar (``True`` for parameters).
+        ctx: the frame's motion and alignment.
+        reuse: called for every reused layer as ``reuse(layer, eqn, invals,
+            out_mask)`` and returns the layer's output.
+        on_unsupported: called with the name of a primitive without a rule.
+        record: if given, called as ``record(path, var, signature, value, mask)``
+            for every spatial variable that depends on the frame.
+
+    Returns:
+        The outputs and their masks.
+    """
+    closed = analysis.jaxpr
+    env: dict[Any, Any] = {}
+    menv: dict[Any, Any] = {}
+    for v, c in zip(closed.jaxpr.constvars, closed.consts):
+        env[v], menv[v] = c, True
+    for v, a, m in zip(closed.jaxpr.invars, args, masks):
+        env[v], menv[v] = a, m
+
+    def read(v):
+        return (v.val, True) if isinstance(v, jcore.Literal) else (env[v], menv[v])
+
+    for i, (eqn, info) in enumerate(zip(closed.jaxpr.eqns, analysis.eqns)):
+        invals, inmasks = zip(*(read(v) for v in eqn.invars)) if eqn.invars else ((), ())
+        if not info.dynamic:
+            outs, omasks = _bind(eqn, invals), [True] * len(eqn.outvars)
+        elif info.sub is not None:
+            outs, omasks = evaluate(
+                info.sub, invals, inmasks, ctx, reuse, on_unsupported, record, _path + (i,)
+            )
+        else:
+            if info.supported:
+                rule = regions.MASK_RULES.get(eqn.primitive)
+                omasks = (
+                    rule(
+                        ctx, eqn, info.in_sigs, info.out_sigs, list(inmasks),
+                        **eqn.params, operands=info.in_consts,
+                    )  # fmt: skip
+                    if rule is not None and any(s is not None for s in info.in_sigs)
+                    else [regions.and_all(inmasks)] * len(eqn.outvars)
+                )
+            else:
+                if on_unsupported is not None:
+                    on_unsupported(eqn.primitive.name)
+                omasks = regions.unsupported(ctx, eqn, info.in_sigs, info.out_sigs, inmasks)
+            omasks = [
+                m & ctx.valid(o) if _needs_valid(info.in_sigs, o) else m
+                for m, o in zip(omasks, info.out_sigs)
+            ]
+            if info.layer is not None:
+                outs = [reuse(info.layer, eqn, list(invals), omasks[0])]
+            else:
+                outs = _bind(eqn, invals)
+        for v, val, m, sig in zip(eqn.outvars, outs, omasks, info.out_sigs):
+            env[v], menv[v] = val, m
+            if record is not None and info.dynamic and sig is not None:
+                record(_path + (i,), v, sig, val, m)
+    results = [read(v) for v in closed.jaxpr.outvars]
+    return [r[0] for r in results], [r[1] for r in results]
+
+
+def dense_reuse(layer: int, eqn: jcore.JaxprEqn, invals: list, mask: jax.Array) -> jax.Array:
+    """A ``reuse`` callback that computes every layer in full."""
+    return _bind(eqn, invals)[0]
+
+
+def propagate_masks(
+    analysis: Analysis,
+    args: Sequence[Any],
+    masks: Sequence[regions.Mask],
+    ctx: FrameContext,
+) -> tuple[list, dict]:
+    """Evaluate the model densely and return every spatial variable's mask.
+
+    A diagnostic: ``(outputs, {(path, var_name): (signature, value, mask)})``
+    where ``path`` holds the indices of the equations leading to the variable
+    (through nested jaxprs). Used by the soundness tests and the notebooks.
+    """
+    recorded: dict = {}
+
+    def record(path, var, sig, value, mask):
+        recorded[(path, str(var))] = (sig, value, mask)
+
+    outs, _ = evaluate(analysis, args, masks, ctx, dense_reuse, record=record)
+    return outs, recorded

@@ -1,0 +1,424 @@
+"""deepcache.transform: the DESIGN.md invariants, refresh, retracing, errors."""
+
+from __future__ import annotations
+
+import warnings
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from skimage import data, transform
+
+from dcjax import deepcache
+from tests.transforms import small_models
+
+SIZE = 32
+
+
+def _photo(size: int, seed: int = 0) -> np.ndarray:
+    """A real photo (scikit-image's astronaut), resized, float32 in [0, 1]."""
+    img = transform.resize(data.astronaut(), (2 * size, 2 * size), anti_aliasing=True)
+    rng = np.random.default_rng(seed)
+    y, x = rng.integers(0, size, 2)
+    return img[y : y + size, x : x + size].astype(np.float32)
+
+
+def _translate(frame: np.ndarray, dy: int, dx: int, seed: int = 1):
+    """``cur[y, x] = prev[y + dy, x + dx]``, new random content where that leaves the frame."""
+    h, w, _ = frame.shape
+    rng = np.random.default_rng(seed)
+    cur = rng.uniform(size=frame.shape).astype(np.float32)
+    mask = np.zeros((h, w), bool)
+    ys, xs = slice(max(0, -dy), min(h, h - dy)), slice(max(0, -dx), min(w, w - dx))
+    cur[ys, xs] = frame[ys.start + dy : ys.stop + dy, xs.start + dx : xs.stop + dx]
+    mask[ys, xs] = True
+    return cur, mask
+
+
+def _model(name):
+    module, variables = small_models.create(name, SIZE)
+    return module, variables, lambda f: module.apply(variables, jnp.asarray(f)[None])
+
+
+def _close(a, b, tol=1e-5):
+    a, b = np.asarray(a), np.asarray(b)
+    np.testing.assert_allclose(a, b, rtol=tol, atol=tol * max(1.0, float(np.abs(b).max())))
+
+
+@pytest.mark.parametrize("name", sorted(small_models.MODELS))
+def test_never_reuse_equals_model(name):
+    module, variables, ref = _model(name)
+    frames = [_photo(SIZE, s) for s in range(3)]
+    frames.append(frames[-1])  # identical frame: with threshold +inf still no reuse
+    for cfg in (
+        deepcache.Config(psnr_threshold=float("inf")),
+        deepcache.Config(refresh_every=1),
+    ):
+        cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3), config=cfg)
+        state = cached.init()
+        for f in frames:
+            out, state, info = cached.step(state, f)
+            np.testing.assert_array_equal(np.asarray(info["reuse_fraction"]), 0.0)
+            assert float(info["flops_ratio"]) == pytest.approx(1.0)
+            _close(out, ref(f))
+
+
+@pytest.mark.parametrize("name", sorted(small_models.MODELS))
+def test_identical_frame_equals_model_with_full_reuse(name):
+    module, variables, ref = _model(name)
+    cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3))
+    f = _photo(SIZE)
+    state = cached.init()
+    _, state, info0 = cached.step(state, f)
+    assert bool(info0["refreshed"])
+    out, state, info = cached.step(state, f)
+    assert not bool(info["refreshed"])
+    assert float(info["input_reuse"]) == 1.0
+    np.testing.assert_array_equal(np.asarray(info["reuse_fraction"]), 1.0)
+    assert float(info["flops_ratio"]) == 0.0
+    _close(out, ref(f))
+
+
+@pytest.mark.parametrize("name", sorted(small_models.MODELS))
+@pytest.mark.parametrize("direction", [(1, 0), (0, -1), (-1, 1)])
+def test_translation_by_total_stride_is_exact(name, direction):
+    module, variables, ref = _model(name)
+    s = module.total_stride
+    dy, dx = direction[0] * s, direction[1] * s
+    cfg = deepcache.Config(alignment="exact", refresh_every=100)
+    cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3), config=cfg)
+    prev = _photo(SIZE, 3)
+    cur, mask = _translate(prev, dy, dx)
+    state = cached.init()
+    _, state, _ = cached.step(state, prev)
+    match = deepcache.Match(motion=jnp.array([dy, dx]), mask=jnp.asarray(mask))
+    out, state, info = cached.step(state, cur, match=match)
+    _close(out, ref(cur))
+    fractions = np.asarray(info["reuse_fraction"])
+    assert fractions[0] > 0.3, fractions
+    assert float(info["flops_ratio"]) < 1.0
+
+
+def test_translation_not_multiple_of_stride_exact_vs_round():
+    module, variables, ref = _model("plain")  # strides 2, 4, 8
+    prev = _photo(SIZE, 4)
+    cur, mask = _translate(prev, 2, 0)
+    match = deepcache.Match(motion=jnp.array([2, 0]), mask=jnp.asarray(mask))
+    fractions = {}
+    for alignment in ("exact", "round"):
+        cfg = deepcache.Config(alignment=alignment, refresh_every=100)
+        cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3), config=cfg)
+        state = cached.init()
+        _, state, _ = cached.step(state, prev)
+        out, state, info = cached.step(state, cur, match=match)
+        fractions[alignment] = np.asarray(info["reuse_fraction"])
+        if alignment == "exact":
+            _close(out, ref(cur))
+    # conv1 (stride 2) sees an integer shift of 1 under both policies; the layer at
+    # stride 4 sees 1/2: not reusable under "exact", rounded under "round".
+    assert fractions["exact"][0] > 0 and fractions["round"][0] > 0
+    assert fractions["exact"][1] == 0.0
+    assert fractions["round"][1] > 0.0
+
+
+def test_translation_of_real_photo_with_builtin_matcher_zero_motion():
+    """A static scene with a changed patch: the static matcher finds the rest."""
+    module, variables, ref = _model("inception")
+    cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3))
+    prev = _photo(SIZE, 5)
+    cur = prev.copy()
+    cur[8:14, 20:28] = 1.0 - cur[8:14, 20:28]
+    state = cached.init()
+    _, state, _ = cached.step(state, prev)
+    out, state, info = cached.step(state, cur)
+    _close(out, ref(cur))
+    assert 0.5 < float(info["input_reuse"]) < 1.0
+    assert 0.0 < float(info["flops_ratio"]) < 1.0
+
+
+def test_layers_list_signatures_and_flops():
+    module, variables, _ = _model("plain")
+    cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3))
+    assert [layer.name for layer in cached.layers] == ["PlainNet/Conv_0", "PlainNet/Conv_1"]
+    l0, l1 = cached.layers
+    assert l0.out_shape == (1, 16, 16, 8) and l0.signature.stride == (2, 2)
+    assert l1.in_signature.stride == (4, 4) and l1.signature.stride == (4, 4)
+    assert l0.flops == 2 * 16 * 16 * 8 * 5 * 5 * 3
+    assert l1.flops == 2 * 8 * 8 * 8 * 3 * 3 * 8
+    assert cached.total_flops == l0.flops + l1.flops
+    assert cached.unsupported_primitives == ()
+
+
+def test_uint8_frames_are_scaled_and_preprocess_is_applied():
+    module, variables, ref = _model("resnet")
+    f8 = (np.asarray(_photo(SIZE)) * 255).astype(np.uint8)
+    cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3))
+    out, _, _ = cached.step(cached.init(), f8)
+    _close(out, ref(f8.astype(np.float32) / 255.0))
+    pre = lambda f: (f.astype(jnp.float32) - 127.0) / 128.0
+    cached = deepcache.transform(
+        module, variables, frame_shape=(SIZE, SIZE, 3), preprocess=pre
+    )
+    out, _, _ = cached.step(cached.init(), f8)
+    _close(out, ref((f8.astype(np.float32) - 127.0) / 128.0))
+
+
+def test_refresh_every_and_min_match():
+    module, variables, _ = _model("resnet")
+    cfg = deepcache.Config(refresh_every=3, min_match=0.5)
+    cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3), config=cfg)
+    f = _photo(SIZE)
+    state = cached.init()
+    flags = []
+    for _ in range(7):
+        _, state, info = cached.step(state, f)
+        flags.append(bool(info["refreshed"]))
+    assert flags == [True, False, False, True, False, False, True]
+    # a scene cut: nothing matches -> full recompute, counter restarts
+    _, state, info = cached.step(state, 1.0 - f)
+    assert bool(info["refreshed"]) and float(info["match_ratio"]) < 0.5
+    _, state, info = cached.step(state, 1.0 - f)
+    assert not bool(info["refreshed"])
+
+
+def test_nonfinite_frame_is_computed_in_full_and_not_a_cache_key():
+    module, variables, ref = _model("resnet")
+    cached = deepcache.transform(
+        module, variables, frame_shape=(SIZE, SIZE, 3), config=deepcache.Config(refresh_every=50)
+    )
+    f = _photo(SIZE)
+    bad = f.copy()
+    bad[3, 4, 1] = np.nan
+    state = cached.init()
+    _, state, _ = cached.step(state, f)
+    out, state, info = cached.step(state, bad)
+    assert bool(info["nonfinite"]) and bool(info["refreshed"])
+    assert float(info["input_reuse"]) == 0.0
+    assert np.isnan(np.asarray(out)).any() == np.isnan(np.asarray(ref(bad))).any()
+    out, state, info = cached.step(state, f)
+    assert bool(info["refreshed"]) and not bool(info["nonfinite"])
+    _close(out, ref(f))
+    _, state, info = cached.step(state, f)
+    assert not bool(info["refreshed"]) and float(info["input_reuse"]) == 1.0
+
+
+def test_step_compiles_once_for_a_stream_and_run_matches_step():
+    module, variables, _ = _model("plain")
+    cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3))
+    base = _photo(SIZE)
+    rng = np.random.default_rng(0)
+    frames = np.stack(
+        [np.clip(base + rng.normal(0, 0.02, base.shape), 0, 1) for _ in range(20)]
+    ).astype(np.float32)
+    state = cached.init()
+    outs = []
+    for f in frames:
+        out, state, _ = cached.step(state, f)
+        outs.append(out)
+    assert cached.trace_count == 1
+    run_outs, _, infos = cached.run(jnp.asarray(frames))
+    assert infos["reuse_fraction"].shape == (20, len(cached.layers))
+    np.testing.assert_allclose(np.asarray(run_outs), np.stack(outs), rtol=1e-5, atol=1e-5)
+
+
+def test_vmap_over_streams_matches_single_streams():
+    module, variables, _ = _model("resnet")
+    cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3))
+    frames = np.stack([_photo(SIZE, s) for s in range(2)])
+    states = jax.vmap(lambda _: cached.init())(jnp.arange(2))
+    step = jax.vmap(cached.step)
+    outs, states, _ = step(states, jnp.asarray(frames))
+    outs, states, info = step(states, jnp.asarray(frames))
+    for i in range(2):
+        single, _, _ = cached.step(cached.init(), frames[i])
+        _close(outs[i], single)
+    np.testing.assert_array_equal(np.asarray(info["input_reuse"]), 1.0)
+
+
+def test_plain_function_models_and_nested_calls():
+    """A hand-written JAX function with jit, remat and custom_vjp inside."""
+
+    @jax.custom_vjp
+    def act(x):
+        return jnp.maximum(x, 0.0) * 1.5
+
+    act.defvjp(lambda x: (act(x), x), lambda x, g: (g * (x > 0) * 1.5,))
+
+    @jax.jit
+    def block(w, x):
+        y = jax.lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+        return act(y)
+
+    def fn(params, x):
+        x = jax.checkpoint(block)(params["w1"], x)
+        x = block(params["w2"], x)
+        return x.sum(axis=-1)
+
+    keys = jax.random.split(jax.random.key(0), 2)
+    params = {
+        "w1": jax.random.normal(keys[0], (3, 3, 3, 4)),
+        "w2": jax.random.normal(keys[1], (3, 3, 4, 4)),
+    }
+    cached = deepcache.transform(fn, params, frame_shape=(SIZE, SIZE, 3))
+    assert len(cached.layers) == 2
+    prev = _photo(SIZE)
+    cur, mask = _translate(prev, 3, -2)
+    state = cached.init()
+    _, state, _ = cached.step(state, prev)
+    out, _, info = cached.step(
+        state, cur, match=deepcache.Match(motion=jnp.array([3, -2]), mask=jnp.asarray(mask))
+    )
+    _close(out, fn(params, jnp.asarray(cur)[None]))
+    assert float(info["reuse_fraction"][1]) > 0.5
+
+
+def test_unknown_primitive_is_reported_once_and_not_reused():
+    perm = jnp.asarray(np.random.default_rng(0).permutation(SIZE))
+    conv = lambda x, w: jax.lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
+
+    def fn(w, x):
+        y = conv(x, w)
+        y = jnp.take(y, perm, axis=2)  # an arbitrary permutation: no rule covers it
+        y = jnp.take(y, perm, axis=1)  # the same primitive again: reported once
+        return conv(y, w)
+
+    w = jax.random.normal(jax.random.key(0), (3, 3, 4, 4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cached = deepcache.transform(fn, w, frame_shape=(SIZE, SIZE, 4))
+    messages = [str(c.message) for c in caught if "no reuse rule" in str(c.message)]
+    assert len(messages) == 1 and "gather" in messages[0]
+    assert cached.unsupported_primitives == ("gather",)
+    f = np.random.default_rng(0).uniform(size=(SIZE, SIZE, 4)).astype(np.float32)
+    state = cached.init()
+    _, state, _ = cached.step(state, f)
+    out, _, info = cached.step(state, f)
+    _close(out, fn(w, jnp.asarray(f)[None]))
+    np.testing.assert_array_equal(np.asarray(info["reuse_fraction"]), [1.0, 0.0])
+
+
+def test_cumulative_op_over_space_reuses_only_whole_unchanged_maps():
+    conv = lambda x, w: jax.lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
+
+    def fn(w, x):
+        y = jax.lax.cumsum(conv(x, w), axis=1)  # mixes H: no longer spatial
+        return conv(y, w)
+
+    w = jax.random.normal(jax.random.key(0), (3, 3, 4, 4))
+    cached = deepcache.transform(fn, w, frame_shape=(SIZE, SIZE, 4))
+    assert len(cached.layers) == 1  # the second conv has no spatial signature
+    f = np.random.default_rng(0).uniform(size=(SIZE, SIZE, 4)).astype(np.float32)
+    state = cached.init()
+    _, state, _ = cached.step(state, f)
+    out, _, info = cached.step(state, f)
+    _close(out, fn(w, jnp.asarray(f)[None]))
+    assert 0.0 < float(info["flops_ratio"]) < 1.0  # the second conv is always computed
+
+
+# -- errors ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plain_cached():
+    module, variables, _ = _model("plain")
+    return deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3))
+
+
+def test_wrong_frame_shape_names_both_shapes(plain_cached):
+    with pytest.raises(ValueError, match=r"frame has shape \(30, 32, 3\) but the model was "):
+        plain_cached.step(plain_cached.init(), np.zeros((30, SIZE, 3), np.float32))
+
+
+def test_wrong_frame_rank(plain_cached):
+    with pytest.raises(ValueError, match=r"frame must have shape \(32, 32, 3\)"):
+        plain_cached.step(plain_cached.init(), np.zeros((1, SIZE, SIZE, 3), np.float32))
+    with pytest.raises(ValueError, match=r"frames must have shape"):
+        plain_cached.run(np.zeros((SIZE, SIZE, 3), np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.int32, np.complex64])
+def test_wrong_frame_dtype(plain_cached, dtype):
+    with pytest.raises(TypeError, match="frame has dtype"):
+        plain_cached.step(plain_cached.init(), np.zeros((SIZE, SIZE, 3), dtype))
+
+
+def test_not_an_array(plain_cached):
+    with pytest.raises(TypeError, match="frame must be an array"):
+        plain_cached.step(plain_cached.init(), "a frame")
+
+
+def test_bad_match(plain_cached):
+    with pytest.raises(ValueError, match="match.mask has shape"):
+        plain_cached.step(
+            plain_cached.init(),
+            np.zeros((SIZE, SIZE, 3), np.float32),
+            match=deepcache.Match(motion=jnp.zeros(2, jnp.int32), mask=jnp.ones((4, 4), bool)),
+        )
+    with pytest.raises(TypeError, match="match must be a deepcache.Match"):
+        plain_cached.step(plain_cached.init(), np.zeros((SIZE, SIZE, 3)), match=(0, 0))
+
+
+def test_untraceable_model():
+    def broken(params, x):
+        return x.reshape(7, -1)  # not a valid reshape of (1, 32, 32, 3)
+
+    with pytest.raises(ValueError, match="could not be traced"):
+        deepcache.transform(broken, {}, frame_shape=(SIZE, SIZE, 3))
+
+    def returns_text(params, x):
+        return "logits"
+
+    with pytest.raises(ValueError, match="could not be traced|no arrays"):
+        deepcache.transform(returns_text, {}, frame_shape=(SIZE, SIZE, 3))
+
+
+def test_bad_model_and_frame_shape():
+    with pytest.raises(TypeError, match="model must be a flax.linen.Module or a callable"):
+        deepcache.transform(42, {}, frame_shape=(SIZE, SIZE, 3))
+    with pytest.raises(ValueError, match="frame_shape must be"):
+        deepcache.transform(lambda p, x: x, {}, frame_shape=(SIZE, SIZE))
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"block_size": 0}, "block_size"),
+        ({"refresh_every": 0}, "refresh_every"),
+        ({"alignment": "nearest"}, "alignment"),
+        ({"kernel": "cuda"}, "kernel"),
+        ({"matcher": "sift"}, "matcher"),
+        ({"min_match": 1.5}, "min_match"),
+        ({"psnr_threshold": float("nan")}, "psnr_threshold"),
+    ],
+)
+def test_config_validation_names_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"Config.{field}"):
+        deepcache.Config(**kwargs)
+
+
+def test_config_is_frozen_and_keyword_only():
+    cfg = deepcache.Config()
+    with pytest.raises(AttributeError):
+        cfg.block_size = 4  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        deepcache.Config(10)  # type: ignore[misc]
+
+
+def test_flax_module_with_batchnorm_conv_bias_is_reused():
+    class Tiny(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.BatchNorm(use_running_average=True)(nn.Conv(2, (3, 3))(x))
+
+    module = Tiny()
+    variables = module.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)))
+    cached = deepcache.transform(module, variables, frame_shape=(8, 8, 3))
+    assert len(cached.layers) == 1 and cached.layers[0].out_shape == (1, 8, 8, 2)
