@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dcjax-installed
-EXTRAS ?= test,video,notebooks,pretrained
+EXTRAS ?= test,video,notebooks,pretrained,skvideo
 
 .PHONY: demo test lint bench install clean
 
@@ -26,6 +26,9 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check dcjax tests
 	$(PY) -m ruff format --check dcjax tests
+
+bench: $(STAMP)
+	$(PY) -m dcjax bench --json bench-results/bench.json --report bench-results/report.html
 
 clean:
 	rm -rf $(VENV) dcjax-demo .pytest_cache

@@ -12,13 +12,129 @@ from collections.abc import Mapping
 from typing import Any
 
 ALIGNMENTS = ("exact", "round")
-KERNELS = ("reference", "xla", "pallas", "auto")
-MATCHERS = ("static", "diamond", "three_step", "exhaustive", "histogram")
+KERNELS = ("auto", "reference", "dense", "xla", "pallas")
+MATCHERS = ("static", "diamond", "three_step", "exhaustive", "histogram", "none")
+REFINE_METRICS = ("max_abs", "rms")
 
 
 def _check(cond: bool, message: str) -> None:
     if not cond:
         raise ValueError(f"dcjax: {message}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SemanticConfig:
+    """Semantic-memory early exits (SMTM, Li et al., MM '21), see `dcjax.semantic`.
+
+    After each exit point the step computes the semantic vector (global
+    average pooling over space), its cosine similarity with the centres of the
+    classes in the fast memory, the cumulative similarity SA (weights
+    ``2**(l-1)``, Eq. 3) and the confidence AC (Eq. 4); when ``AC > tau`` the
+    rest of the network is skipped and the output is the stored mean output of
+    the matched class.
+
+    Attributes:
+        exit_points: names of the submodules whose outputs are exit points
+            (``"block3"``, or nested ``"block3/project"``), or of the
+            `dcjax.exit_point` marks of a plain function. ``None``: every
+            top-level submodule (every mark) whose output is followed by more
+            convolutions.
+        tau: exit threshold on AC. ``inf`` never exits; ``-inf`` always exits at
+            the first exit point (once two classes have centres). It is the
+            initial ``state.semantic.tau``, which can be changed per stream at
+            run time without recompiling.
+        window: W of the time-stamp decay ``0.25 ** floor(TS / W)`` (Eq. 5), in
+            frames.
+        confidence: the fast memory holds the fewest top-scoring classes whose
+            share of the total score reaches this (Eq. 6).
+        max_fast: most classes in the fast memory (at least 2).
+        adapt_centres: update the centres of the predicted class after every
+            frame (Eq. 7).
+        batch_axis: the ``axis_name`` of a `jax.vmap` over streams; when set, a
+            batch exits only when every stream passes its test, so the rest of
+            the network is really skipped (without it, `vmap` turns the
+            conditionals into selects and computes every branch).
+    """
+
+    exit_points: tuple[str, ...] | None = None
+    tau: float = 0.5
+    window: int = 10
+    confidence: float = 0.95
+    max_fast: int = 10
+    adapt_centres: bool = True
+    batch_axis: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.exit_points, list):
+            object.__setattr__(self, "exit_points", tuple(self.exit_points))
+        _check(
+            self.exit_points is None
+            or (
+                isinstance(self.exit_points, tuple)
+                and len(self.exit_points) > 0
+                and all(isinstance(n, str) and n for n in self.exit_points)
+            ),
+            "SemanticConfig.exit_points must be None or a non-empty tuple of submodule names, "
+            f"got {self.exit_points!r}",
+        )
+        _check(
+            isinstance(self.tau, (int, float)) and not math.isnan(self.tau),
+            f"SemanticConfig.tau must be a number (inf never exits), got {self.tau!r}",
+        )
+        _check(
+            isinstance(self.window, int) and self.window >= 1,
+            f"SemanticConfig.window must be a positive int (frames), got {self.window!r}",
+        )
+        _check(
+            isinstance(self.confidence, (int, float)) and 0.0 < self.confidence <= 1.0,
+            f"SemanticConfig.confidence must be in (0, 1], got {self.confidence!r}",
+        )
+        _check(
+            isinstance(self.max_fast, int) and self.max_fast >= 2,
+            f"SemanticConfig.max_fast must be an int >= 2, got {self.max_fast!r}",
+        )
+        _check(
+            self.batch_axis is None or isinstance(self.batch_axis, str),
+            f"SemanticConfig.batch_axis must be None or a vmap axis name, got {self.batch_axis!r}",
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RefineConfig:
+    """Bounded-error refinement of reuse masks inside the network.
+
+    At the input of every refined convolution, a pixel whose value changed by
+    less than ``delta * scale_l`` since the layer's reference copy counts as
+    reusable too (see `dcjax.transforms.refine` for the rule and the error
+    bound). ``delta=0`` is plain DeepCache.
+
+    Attributes:
+        delta: the one knob, relative to each layer's activation scale.
+        metric: per-pixel change over channels: ``"max_abs"`` (max of
+            ``|x_t - ref|``) or ``"rms"``.
+        layers: ``"auto"`` (layers where the test costs less than the
+            convolution work it can save), ``"all"``, or a tuple of layer names.
+    """
+
+    delta: float = 0.05
+    metric: str = "max_abs"
+    layers: str | tuple[str, ...] = "auto"
+
+    def __post_init__(self) -> None:
+        _check(
+            isinstance(self.delta, (int, float)) and self.delta >= 0 and math.isfinite(self.delta),
+            f"RefineConfig.delta must be a finite number >= 0, got {self.delta!r}",
+        )
+        _check(
+            self.metric in REFINE_METRICS,
+            f"RefineConfig.metric must be one of {REFINE_METRICS}, got {self.metric!r}",
+        )
+        _check(
+            self.layers in ("auto", "all")
+            or (isinstance(self.layers, tuple) and all(isinstance(n, str) for n in self.layers)),
+            f"RefineConfig.layers must be 'auto', 'all' or a tuple of layer names, "
+            f"got {self.layers!r}",
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,16 +153,26 @@ class Config:
         alignment: ``"exact"`` reuses a layer only when the motion divided by
             the layer's cumulative stride is an integer (results equal a full
             recompute); ``"round"`` rounds the shift, as the paper does.
-        kernel: sparse-update implementation of reused convolutions:
-            ``"reference"`` (dense then select), ``"xla"``, ``"pallas"`` or
-            ``"auto"``.
-        matcher: ``"static"`` (same-position blocks), ``"diamond"``,
-            ``"three_step"``, ``"exhaustive"`` or ``"histogram"`` (DeepMon).
+        kernel: sparse-update implementation of reused convolutions (see
+            `dcjax.kernels.masked_conv`): ``"auto"`` (the measured fastest per
+            backend and layer), ``"xla"`` (tile gather, batched convolution,
+            scatter), ``"pallas"`` (interpreted on CPU), ``"dense"`` (compute
+            everything, no select) or ``"reference"`` (dense then select: the
+            oracle).
+        matcher: ``"diamond"`` (the default: diamond search, DeepCache Section 4),
+            ``"static"`` (same-position blocks),
+            ``"three_step"``, ``"exhaustive"``, ``"histogram"`` (DeepMon), or
+            ``"none"`` (no input reuse: with ``refine`` a DeltaCNN-like
+            baseline).
         matcher_options: extra keyword arguments for the matcher.
         color: ``"luma"`` or ``"rgb"``: which planes the matcher's PSNR uses.
         data_range: peak value for PSNR; default 255 for integer frames and
             1.0 for float frames.
         reuse_ops: names of the primitives whose outputs are cached and reused.
+        semantic: semantic-memory early exits (`SemanticConfig`); ``None`` (the
+            default) disables them.
+        refine: bounded-error refinement of reuse masks inside the network
+            (`RefineConfig`); ``None`` (the default) is plain DeepCache.
     """
 
     block_size: int = 10
@@ -54,12 +180,14 @@ class Config:
     refresh_every: int | None = 10
     min_match: float = 0.1
     alignment: str = "exact"
-    kernel: str = "reference"
-    matcher: str = "static"
-    matcher_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    kernel: str = "auto"
+    matcher: str = "diamond"
+    matcher_options: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
     color: str = "luma"
     data_range: float | None = None
     reuse_ops: tuple[str, ...] = ("conv_general_dilated",)
+    semantic: SemanticConfig | None = None
+    refine: RefineConfig | None = None
 
     def __post_init__(self) -> None:
         _check(
@@ -102,4 +230,12 @@ class Config:
         _check(
             isinstance(self.reuse_ops, tuple) and all(isinstance(n, str) for n in self.reuse_ops),
             f"Config.reuse_ops must be a tuple of primitive names, got {self.reuse_ops!r}",
+        )
+        _check(
+            self.semantic is None or isinstance(self.semantic, SemanticConfig),
+            f"Config.semantic must be a SemanticConfig or None, got {self.semantic!r}",
+        )
+        _check(
+            self.refine is None or isinstance(self.refine, RefineConfig),
+            f"Config.refine must be a RefineConfig or None, got {self.refine!r}",
         )

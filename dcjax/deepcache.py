@@ -42,13 +42,22 @@ import jax.numpy as jnp
 from jax import lax
 
 from dcjax import kernels, matching
-from dcjax.config import Config
+from dcjax.config import Config, RefineConfig, SemanticConfig
 from dcjax.matching.types import Match
+from dcjax.transforms import refine as refine_lib
 from dcjax.transforms.interpreter import FrameContext, evaluate
 from dcjax.transforms.signatures import Layer, Spatial, analyze
 from dcjax.transforms.trace import check_frame_shape, trace_model
 
-__all__ = ["CacheState", "CachedModel", "Config", "Match", "transform"]
+__all__ = [
+    "CacheState",
+    "CachedModel",
+    "Config",
+    "Match",
+    "RefineConfig",
+    "SemanticConfig",
+    "transform",
+]
 
 _NHWC = ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
 
@@ -68,6 +77,12 @@ class CacheState:
             order.
         layer_valid: per layer, whether its cache holds the previous frame's
             output (false after a layer was skipped).
+        semantic: the semantic memory (`dcjax.semantic.SemanticState`) when
+            ``Config.semantic`` is set, else None.
+        refs: with ``Config.refine``, per layer the reference copy of its
+            input (None for layers that are not refined); else empty.
+        ref_scale: with ``Config.refine``, per layer the activation scale its
+            threshold is relative to (0 until measured on the first frame).
     """
 
     prev_frame: jax.Array
@@ -77,6 +92,9 @@ class CacheState:
     motion: jax.Array
     caches: tuple
     layer_valid: jax.Array
+    semantic: Any = None
+    refs: tuple = ()
+    ref_scale: Any = None
 
 
 class CachedModel:
@@ -101,6 +119,10 @@ class CachedModel:
         self.config = config
         self.frame_shape = check_frame_shape(frame_shape)
         self._preprocess = preprocess
+        if config.semantic is not None:  # mark the exit points while tracing
+            from dcjax.transforms.exits import marked
+
+            model = marked(model, config.semantic.exit_points)
         self._traced = trace_model(model, variables, self.frame_shape, input_dtype)
         n = len(self._traced.leaves)
         frame_sig = Spatial(axes=(1, 2), size=self.frame_shape[:2], stride=(1, 1))
@@ -111,6 +133,21 @@ class CachedModel:
             reuse_ops=config.reuse_ops,
         )
         self.layers: tuple[Layer, ...] = tuple(self._analysis.layers)
+        self._semantic = None
+        if config.semantic is not None:
+            from dcjax.semantic.smtm import SemanticExits
+
+            self._semantic = SemanticExits(config.semantic, self._analysis)
+            # never reusing: the exits keep no caches (nothing to carry through them)
+            self._semantic.dense = config.psnr_threshold == float("inf")
+        self._refined: tuple[bool, ...] | None = None
+        if config.refine is not None:
+            if config.semantic is not None:
+                raise ValueError(
+                    "dcjax: Config.refine and Config.semantic cannot be combined yet; "
+                    "use one of them"
+                )
+            self._refined = refine_lib.refined_layers(self.layers, config.refine)
         self.unsupported_primitives: tuple[str, ...] = tuple(sorted(self._analysis.unsupported))
         if self.unsupported_primitives:
             warnings.warn(
@@ -124,8 +161,9 @@ class CachedModel:
         )
         self._flops = jnp.asarray([layer.flops for layer in self.layers], jnp.float32)
         self._trace_count = 0
-        self._step_jit = jax.jit(self._step_impl)
-        self._run_jit = jax.jit(self._run_impl)
+        # The state is donated: caches are updated in place, frame after frame.
+        self._step_jit = jax.jit(self._step_impl, donate_argnums=(1,))
+        self._run_jit = jax.jit(self._run_impl, donate_argnums=(1,))
         self._apply_jit = jax.jit(self._apply_impl)
 
     # -- public API ----------------------------------------------------------
@@ -138,7 +176,7 @@ class CachedModel:
     def init(self) -> CacheState:
         """A fresh state: the first step recomputes everything."""
         caches = tuple(jnp.zeros(layer.out_shape, layer.dtype) for layer in self.layers)
-        return CacheState(
+        state = CacheState(
             prev_frame=jnp.zeros(self.frame_shape, jnp.float32),
             has_prev=jnp.bool_(False),
             since_refresh=jnp.int32(0),
@@ -147,6 +185,21 @@ class CachedModel:
             caches=caches,
             layer_valid=jnp.zeros((len(self.layers),), bool),
         )
+        if self._semantic is not None:
+            state = dataclasses.replace(state, semantic=self._semantic.memory)
+            if self._semantic.dense:
+                empty = tuple(jnp.zeros((0,), layer.dtype) for layer in self.layers)
+                state = dataclasses.replace(state, caches=empty)
+        if self._refined is not None:
+            refs = tuple(
+                jnp.zeros(layer.in_shape, jnp.float32) if on else None
+                for layer, on in zip(self.layers, self._refined)
+            )
+            state = dataclasses.replace(
+                state, refs=refs, ref_scale=jnp.zeros((len(self.layers),), jnp.float32)
+            )
+        # fresh buffers: a state is consumed (donated) by the step it is passed to
+        return jax.tree_util.tree_map(lambda a: jnp.array(a, copy=True), state)
 
     def step(
         self, state: CacheState, frame: jax.Array, match: Match | None = None
@@ -154,7 +207,9 @@ class CachedModel:
         """Process one frame.
 
         Args:
-            state: from `init` or the previous step.
+            state: from `init` or the previous step. It is consumed: its
+                buffers are donated to the step, which updates the caches in
+                place; keep using the returned state.
             frame: ``(H, W, C)`` uint8 or floating-point frame.
             match: a known match (motion and mask) to use instead of the
                 built-in matcher.
@@ -186,6 +241,31 @@ class CachedModel:
             state = self.init()
         return self._run_jit(self._traced.leaves, state, frames, matches)
 
+    @property
+    def exit_points(self) -> tuple[str, ...]:
+        """The semantic exit points, in order (empty without ``Config.semantic``)."""
+        return () if self._semantic is None else self._semantic.names
+
+    def calibrate(self, images: jax.Array, batch_size: int = 16) -> Any:
+        """Initialise the semantic memory from the full model on ``images``.
+
+        Each image (``(N, H, W, C)`` frames, preprocessed like `step`'s) is
+        labelled with the model's own top-1; the semantic vectors and outputs
+        are averaged per class (SMTM uses a labelled training set instead).
+        States made by `init` afterwards start from this memory.
+
+        Returns:
+            The calibrated `dcjax.semantic.SemanticState`.
+        """
+        if self._semantic is None:
+            raise ValueError(
+                "dcjax: calibrate needs semantic exits: transform with "
+                "Config(semantic=SemanticConfig(...))"
+            )
+        images = self._check_frame(images, "images", 4)
+        inputs = jax.jit(jax.vmap(lambda f: self._prepare(f)[None]))(images)
+        return self._semantic.calibrate(self._traced.leaves, inputs, batch_size)
+
     def apply(self, frame: jax.Array) -> Any:
         """The untransformed model on one frame (no cache), for comparison."""
         frame = self._check_frame(frame, "frame", 3)
@@ -198,12 +278,13 @@ class CachedModel:
             try:
                 frame = jnp.asarray(frame)
             except TypeError as e:
-                raise TypeError(f"dcjax: {name} must be an array, got {type(frame).__name__}") from e
+                raise TypeError(
+                    f"dcjax: {name} must be an array, got {type(frame).__name__}"
+                ) from e
         dtype = jnp.dtype(frame.dtype)
         if not (dtype == jnp.uint8 or jnp.issubdtype(dtype, jnp.floating)):
             raise TypeError(
-                f"dcjax: {name} has dtype {dtype.name}; pass uint8 (0-255) or floating-point "
-                "frames"
+                f"dcjax: {name} has dtype {dtype.name}; pass uint8 (0-255) or floating-point frames"
             )
         want = self.frame_shape if ndim == 3 else ("T", *self.frame_shape)
         shape = tuple(frame.shape)
@@ -223,9 +304,7 @@ class CachedModel:
         if match is None:
             return None
         if not isinstance(match, Match):
-            raise TypeError(
-                f"dcjax: match must be a deepcache.Match, got {type(match).__name__}"
-            )
+            raise TypeError(f"dcjax: match must be a deepcache.Match, got {type(match).__name__}")
         lead = (-1,) if batched else ()
         motion = jnp.asarray(match.motion, jnp.int32)
         mask = jnp.asarray(match.mask)
@@ -233,9 +312,7 @@ class CachedModel:
         if motion.shape[-1:] != (2,) or motion.ndim != len(lead) + 1:
             raise ValueError(f"dcjax: match.motion must be (dy, dx), got shape {motion.shape}")
         if mask.shape[-2:] != hw or mask.ndim != len(lead) + 2:
-            raise ValueError(
-                f"dcjax: match.mask has shape {mask.shape} but frames are {hw} (H, W)"
-            )
+            raise ValueError(f"dcjax: match.mask has shape {mask.shape} but frames are {hw} (H, W)")
         ratio = match.match_ratio
         if ratio is None:
             ratio = mask.astype(jnp.float32).mean(axis=(-2, -1))
@@ -273,6 +350,12 @@ class CachedModel:
             data_range=cfg.data_range,
         )
         prev = prev.astype(cur.dtype)
+        if cfg.matcher == "none":  # no input reuse; only refinement can reuse
+            return Match(
+                motion=jnp.zeros((2,), jnp.int32),
+                mask=jnp.zeros(cur.shape[:2], bool),
+                match_ratio=jnp.float32(1.0),
+            )
         if cfg.matcher == "static":
             return matching.static_match(prev, cur, **common, **cfg.matcher_options)
         if cfg.matcher == "histogram":
@@ -297,6 +380,7 @@ class CachedModel:
         x, w = invals
         if self.config.kernel != "reference" and plain:
             n = x.shape[0]
+            interpret = self.config.kernel == "pallas" and jax.default_backend() == "cpu"
             return kernels.masked_conv(
                 x,
                 w,
@@ -307,6 +391,7 @@ class CachedModel:
                 dilation=p["rhs_dilation"],
                 groups=p["feature_group_count"],
                 impl=self.config.kernel,
+                interpret=interpret,
             )
         dense = eqn.primitive.bind(x, w, **p)
         return jnp.where(_expand(mask, dense.ndim, self._out_axes(eqn)), shifted, dense)
@@ -314,6 +399,39 @@ class CachedModel:
     def _out_axes(self, eqn) -> tuple[int, int]:
         dn = eqn.params["dimension_numbers"]
         return tuple(dn.out_spec[2:])
+
+    def _refiner(self, state: CacheState, ctx: FrameContext, refresh: jax.Array):
+        """The refinement hook, and the lists it fills with new references and scales.
+
+        See `dcjax.transforms.refine`: a refined layer's input mask gains the
+        pixels whose change against its (shifted) reference is under
+        ``delta * scale``; the reference takes ``x_t`` everywhere else.
+        """
+        if self._refined is None:
+            return list(state.refs), [], None
+        rcfg = self.config.refine
+        refs = list(state.refs)
+        scales = [state.ref_scale[i] for i in range(len(self.layers))]
+
+        def refine_fn(index, x, in_mask):
+            if not self._refined[index]:
+                return in_mask
+            sig = self.layers[index].in_signature
+            old = state.ref_scale[index]
+            scale = lax.cond(
+                (old > 0) & jnp.isfinite(old),
+                lambda: old,
+                lambda: refine_lib.scale(x, sig, rcfg.metric),
+            )
+            dy, dx, _ = ctx.shift(sig)
+            ref = _shift(state.refs[index], dy, dx, sig.axes)
+            small = refine_lib.change(x, ref, sig, rcfg.metric) < rcfg.delta * scale
+            small = small & ctx.valid(sig) & state.layer_valid[index] & ~refresh
+            refs[index] = jnp.where(_expand(small, x.ndim, sig.axes), ref, x.astype(jnp.float32))
+            scales[index] = scale
+            return in_mask | small
+
+        return refs, scales, refine_fn
 
     def _step_impl(self, leaves, state: CacheState, frame, match: Match | None):
         self._trace_count += 1
@@ -342,27 +460,42 @@ class CachedModel:
         caches = list(state.caches)
         fractions = [jnp.float32(0.0)] * len(self.layers)
 
-        def reuse(index, eqn, invals, mask):
+        def reuse_value(index, eqn, invals, mask):
             layer = self.layers[index]
             mask = mask & state.layer_valid[index]
             dy, dx, _ = ctx.shift(layer.signature)
-            shifted = jnp.roll(state.caches[index], (-dy, -dx), axis=layer.signature.axes)
+            shifted = _shift(state.caches[index], dy, dx, layer.signature.axes)
             out = self._reuse_layer(eqn, invals, mask, shifted)
+            return out, mask.mean(dtype=jnp.float32)
+
+        def reuse(index, eqn, invals, mask):
+            out, fractions[index] = reuse_value(index, eqn, invals, mask)
             caches[index] = out
-            fractions[index] = mask.mean(dtype=jnp.float32)
             return out
 
+        refs, ref_scale, refine_fn = self._refiner(state, ctx, refresh)
         n = len(leaves)
-        outs, _ = evaluate(
-            self._analysis, [*leaves, x[None]], [True] * n + [r0], ctx, reuse
-        )
+        layer_valid = jnp.ones((len(self.layers),), bool)
+        semantic, semantic_info = state.semantic, {}
+        if self._semantic is None:
+            outs, _ = evaluate(
+                self._analysis, [*leaves, x[None]], [True] * n + [r0], ctx, reuse,
+                refine=refine_fn,
+            )  # fmt: skip
+        else:  # early exits: the rest of the network inside nested lax.cond
+            outs, caches, fractions, layer_valid, semantic, semantic_info = self._semantic.step(
+                state.semantic, [*leaves, x[None]], [True] * n + [r0], ctx, reuse_value,
+                state.caches, finite,
+            )  # fmt: skip
         output = jax.tree_util.tree_unflatten(self._traced.out_tree, outs)
 
-        reuse_fraction = (
-            jnp.stack(fractions) if fractions else jnp.zeros((0,), jnp.float32)
-        )
-        computed = jnp.sum((1.0 - reuse_fraction) * self._flops) + self._analysis.other_conv_flops
-        flops_ratio = computed / max(self.total_flops, 1)
+        reuse_fraction = jnp.stack(fractions) if fractions else jnp.zeros((0,), jnp.float32)
+        work = (1.0 - reuse_fraction) * self._flops
+        if self._semantic is not None:  # layers skipped by an exit cost nothing
+            work = jnp.where(layer_valid, work, 0.0)
+        # FLOP counts exceed int32: keep them float
+        computed = jnp.sum(work) + float(self._analysis.other_conv_flops)
+        flops_ratio = computed / float(max(self.total_flops, 1))
         new_state = CacheState(
             prev_frame=jnp.where(finite, frame.astype(jnp.float32), state.prev_frame),
             has_prev=finite,
@@ -370,7 +503,10 @@ class CachedModel:
             frame_index=state.frame_index + 1,
             motion=jnp.where(finite, motion, state.motion),
             caches=tuple(caches),
-            layer_valid=jnp.ones((len(self.layers),), bool),
+            layer_valid=layer_valid,
+            semantic=semantic,
+            refs=tuple(refs),
+            ref_scale=jnp.stack(ref_scale) if ref_scale else state.ref_scale,
         )
         info = {
             "motion": motion,
@@ -380,6 +516,7 @@ class CachedModel:
             "input_reuse": r0.mean(dtype=jnp.float32),
             "reuse_fraction": reuse_fraction,
             "flops_ratio": jnp.asarray(flops_ratio, jnp.float32),
+            **semantic_info,
         }
         return output, new_state, info
 
@@ -391,6 +528,20 @@ class CachedModel:
 
         state, (outs, infos) = lax.scan(body, state, (frames, matches))
         return outs, state, infos
+
+
+def _shift(a: jax.Array, dy: jax.Array, dx: jax.Array, axes: tuple[int, int]) -> jax.Array:
+    """``out[i, j] = a[i + dy, j + dx]`` (wrapping; callers mask what leaves the map).
+
+    A zero shift, the common case of a fixed camera, returns ``a`` without the
+    copy a traced-shift roll makes.
+    """
+    return lax.cond(
+        (dy == 0) & (dx == 0),
+        lambda a: a,
+        lambda a: jnp.roll(a, (-dy, -dx), axis=axes),
+        a,
+    )
 
 
 def _expand(mask: jax.Array, ndim: int, axes: tuple[int, int]) -> jax.Array:

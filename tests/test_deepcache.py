@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import flax.linen as nn
@@ -37,9 +38,18 @@ def _translate(frame: np.ndarray, dy: int, dx: int, seed: int = 1):
     return cur, mask
 
 
+@functools.cache
 def _model(name):
     module, variables = small_models.create(name, SIZE)
-    return module, variables, lambda f: module.apply(variables, jnp.asarray(f)[None])
+    ref = jax.jit(lambda f: module.apply(variables, f[None]))
+    return module, variables, lambda f: ref(jnp.asarray(f, jnp.float32))
+
+
+@functools.cache
+def _cached(name, config):
+    """One compiled transform per (model, config), shared by the tests."""
+    module, variables, _ = _model(name)
+    return deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3), config=config)
 
 
 def _close(a, b, tol=1e-5):
@@ -56,7 +66,7 @@ def test_never_reuse_equals_model(name):
         deepcache.Config(psnr_threshold=float("inf")),
         deepcache.Config(refresh_every=1),
     ):
-        cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3), config=cfg)
+        cached = _cached(name, cfg)
         state = cached.init()
         for f in frames:
             out, state, info = cached.step(state, f)
@@ -68,7 +78,7 @@ def test_never_reuse_equals_model(name):
 @pytest.mark.parametrize("name", sorted(small_models.MODELS))
 def test_identical_frame_equals_model_with_full_reuse(name):
     module, variables, ref = _model(name)
-    cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3))
+    cached = _cached(name, deepcache.Config())
     f = _photo(SIZE)
     state = cached.init()
     _, state, info0 = cached.step(state, f)
@@ -87,8 +97,7 @@ def test_translation_by_total_stride_is_exact(name, direction):
     module, variables, ref = _model(name)
     s = module.total_stride
     dy, dx = direction[0] * s, direction[1] * s
-    cfg = deepcache.Config(alignment="exact", refresh_every=100)
-    cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3), config=cfg)
+    cached = _cached(name, deepcache.Config(alignment="exact", refresh_every=100))
     prev = _photo(SIZE, 3)
     cur, mask = _translate(prev, dy, dx)
     state = cached.init()
@@ -108,8 +117,7 @@ def test_translation_not_multiple_of_stride_exact_vs_round():
     match = deepcache.Match(motion=jnp.array([2, 0]), mask=jnp.asarray(mask))
     fractions = {}
     for alignment in ("exact", "round"):
-        cfg = deepcache.Config(alignment=alignment, refresh_every=100)
-        cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3), config=cfg)
+        cached = _cached("plain", deepcache.Config(alignment=alignment, refresh_every=100))
         state = cached.init()
         _, state, _ = cached.step(state, prev)
         out, state, info = cached.step(state, cur, match=match)
@@ -126,7 +134,7 @@ def test_translation_not_multiple_of_stride_exact_vs_round():
 def test_translation_of_real_photo_with_builtin_matcher_zero_motion():
     """A static scene with a changed patch: the static matcher finds the rest."""
     module, variables, ref = _model("inception")
-    cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3))
+    cached = _cached("inception", deepcache.Config())
     prev = _photo(SIZE, 5)
     cur = prev.copy()
     cur[8:14, 20:28] = 1.0 - cur[8:14, 20:28]
@@ -158,9 +166,7 @@ def test_uint8_frames_are_scaled_and_preprocess_is_applied():
     out, _, _ = cached.step(cached.init(), f8)
     _close(out, ref(f8.astype(np.float32) / 255.0))
     pre = lambda f: (f.astype(jnp.float32) - 127.0) / 128.0
-    cached = deepcache.transform(
-        module, variables, frame_shape=(SIZE, SIZE, 3), preprocess=pre
-    )
+    cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3), preprocess=pre)
     out, _, _ = cached.step(cached.init(), f8)
     _close(out, ref((f8.astype(np.float32) - 127.0) / 128.0))
 
@@ -422,3 +428,24 @@ def test_flax_module_with_batchnorm_conv_bias_is_reused():
     variables = module.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)))
     cached = deepcache.transform(module, variables, frame_shape=(8, 8, 3))
     assert len(cached.layers) == 1 and cached.layers[0].out_shape == (1, 8, 8, 2)
+
+
+@pytest.mark.parametrize("kernel", ["reference", "dense", "xla", "pallas", "auto"])
+@pytest.mark.parametrize("name", ["resnet", "inception"])
+def test_invariants_hold_with_every_kernel(name, kernel):
+    """Refresh, identical frame and exact translation, through each sparse kernel."""
+    module, variables, ref = _model(name)
+    cached = _cached(name, deepcache.Config(kernel=kernel, refresh_every=100))
+    s = module.total_stride
+    prev = _photo(SIZE, 7)
+    cur, mask = _translate(prev, 2 * s, -s)
+    state = cached.init()
+    out, state, _ = cached.step(state, prev)
+    _close(out, ref(prev))
+    out, state, info = cached.step(state, prev)
+    _close(out, ref(prev))
+    np.testing.assert_array_equal(np.asarray(info["reuse_fraction"]), 1.0)
+    match = deepcache.Match(motion=jnp.array([2 * s, -s]), mask=jnp.asarray(mask))
+    out, state, info = cached.step(state, cur, match=match)
+    _close(out, ref(cur))
+    assert float(np.asarray(info["reuse_fraction"]).max()) > 0.3

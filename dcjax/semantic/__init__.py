@@ -1,1 +1,36 @@
-"""dcjax subpackage."""
+"""SMTM semantic memory: early exits where a stream's recent classes are recognised.
+
+Li et al., "Boosting Mobile CNN Inference through Semantic Memory" (MM '21).
+Enable it with ``deepcache.Config(semantic=deepcache.SemanticConfig(...))``;
+`dcjax.semantic.memory` holds the fixed-shape tables and Equations 1 to 7,
+`dcjax.semantic.smtm` the policy inside the cached step, and
+``python -m dcjax.semantic.bench`` the benchmark.
+"""
+
+from dcjax.config import SemanticConfig
+from dcjax.semantic.memory import (
+    SemanticState,
+    accumulated_confidence,
+    cosine_similarity,
+    cumulative_similarity,
+    fast_memory,
+    memory_bytes,
+    replacement_scores,
+    update_centres,
+    update_tables,
+)
+from dcjax.semantic.smtm import SemanticExits
+
+__all__ = [
+    "SemanticConfig",
+    "SemanticExits",
+    "SemanticState",
+    "accumulated_confidence",
+    "cosine_similarity",
+    "cumulative_similarity",
+    "fast_memory",
+    "memory_bytes",
+    "replacement_scores",
+    "update_centres",
+    "update_tables",
+]

@@ -31,6 +31,7 @@ from dcjax.transforms import regions
 from dcjax.transforms.signatures import Analysis, Spatial
 
 ReuseFn = Callable[[int, jcore.JaxprEqn, list, jax.Array], jax.Array]
+RefineFn = Callable[[int, jax.Array, regions.Mask], regions.Mask]
 
 
 class FrameContext:
@@ -95,6 +96,47 @@ def _needs_valid(in_sigs: Sequence, out_sig: Spatial | None) -> bool:
     return out_sig is not None and all(s != out_sig for s in in_sigs)
 
 
+class Env:
+    """Values and masks of a jaxpr's variables during one evaluation.
+
+    `evaluate` is `Env.of` + `run_eqns` over all equations + `outputs`; the
+    pieces are public so that a caller can evaluate a jaxpr segment by segment
+    (the semantic early exits run the rest of the network inside `lax.cond`).
+    """
+
+    def __init__(self, analysis: Analysis) -> None:
+        self.analysis = analysis
+        self.values: dict[Any, Any] = {}
+        self.masks: dict[Any, Any] = {}
+
+    @classmethod
+    def of(cls, analysis: Analysis, args: Sequence[Any], masks: Sequence[regions.Mask]) -> Env:
+        env = cls(analysis)
+        closed = analysis.jaxpr
+        for v, c in zip(closed.jaxpr.constvars, closed.consts):
+            env.write(v, c, True)
+        for v, a, m in zip(closed.jaxpr.invars, args, masks):
+            env.write(v, a, m)
+        return env
+
+    def copy(self) -> Env:
+        env = Env(self.analysis)
+        env.values, env.masks = dict(self.values), dict(self.masks)
+        return env
+
+    def write(self, v, value, mask) -> None:
+        self.values[v], self.masks[v] = value, mask
+
+    def read(self, v) -> tuple[Any, regions.Mask]:
+        if isinstance(v, jcore.Literal):
+            return v.val, True
+        return self.values[v], self.masks[v]
+
+    def outputs(self) -> tuple[list, list]:
+        results = [self.read(v) for v in self.analysis.jaxpr.jaxpr.outvars]
+        return [r[0] for r in results], [r[1] for r in results]
+
+
 def evaluate(
     analysis: Analysis,
     args: Sequence[Any],
@@ -104,6 +146,7 @@ def evaluate(
     on_unsupported: Callable[[str], None] | None = None,
     record: Callable[..., None] | None = None,
     _path: tuple[int, ...] = (),
+    refine: RefineFn | None = None,
 ) -> tuple[list, list]:
     """Evaluate ``analysis.jaxpr`` on ``args``, propagating reuse masks.
 
@@ -117,36 +160,56 @@ def evaluate(
         on_unsupported: called with the name of a primitive without a rule.
         record: if given, called as ``record(path, var, signature, value, mask)``
             for every spatial variable that depends on the frame.
+        refine: if given, called for every reused layer as ``refine(layer, x,
+            in_mask)`` before its mask rule; returns the input mask the layer
+            uses (refinement adds pixels whose value barely changed).
 
     Returns:
         The outputs and their masks.
     """
-    closed = analysis.jaxpr
-    env: dict[Any, Any] = {}
-    menv: dict[Any, Any] = {}
-    for v, c in zip(closed.jaxpr.constvars, closed.consts):
-        env[v], menv[v] = c, True
-    for v, a, m in zip(closed.jaxpr.invars, args, masks):
-        env[v], menv[v] = a, m
+    env = Env.of(analysis, args, masks)
+    run_eqns(env, 0, len(analysis.eqns), ctx, reuse, on_unsupported, record, _path, refine)
+    return env.outputs()
 
-    def read(v):
-        return (v.val, True) if isinstance(v, jcore.Literal) else (env[v], menv[v])
 
-    for i, (eqn, info) in enumerate(zip(closed.jaxpr.eqns, analysis.eqns)):
-        invals, inmasks = zip(*(read(v) for v in eqn.invars)) if eqn.invars else ((), ())
+def run_eqns(
+    env: Env,
+    start: int,
+    stop: int,
+    ctx: FrameContext,
+    reuse: ReuseFn,
+    on_unsupported: Callable[[str], None] | None = None,
+    record: Callable[..., None] | None = None,
+    _path: tuple[int, ...] = (),
+    refine: RefineFn | None = None,
+) -> None:
+    """Evaluate equations ``start:stop`` of ``env.analysis`` into ``env``."""
+    analysis = env.analysis
+    eqns = analysis.jaxpr.jaxpr.eqns
+    for i in range(start, stop):
+        eqn, info = eqns[i], analysis.eqns[i]
+        invals, inmasks = zip(*(env.read(v) for v in eqn.invars)) if eqn.invars else ((), ())
         if not info.dynamic:
             outs, omasks = _bind(eqn, invals), [True] * len(eqn.outvars)
         elif info.sub is not None:
             outs, omasks = evaluate(
-                info.sub, invals, inmasks, ctx, reuse, on_unsupported, record, _path + (i,)
-            )
+                info.sub, invals, inmasks, ctx, reuse, on_unsupported, record, _path + (i,),
+                refine,
+            )  # fmt: skip
         else:
+            if refine is not None and info.layer is not None:
+                inmasks = (refine(info.layer, invals[0], inmasks[0]), *inmasks[1:])
             if info.supported:
                 rule = regions.MASK_RULES.get(eqn.primitive)
                 omasks = (
                     rule(
-                        ctx, eqn, info.in_sigs, info.out_sigs, list(inmasks),
-                        **eqn.params, operands=info.in_consts,
+                        ctx,
+                        eqn,
+                        info.in_sigs,
+                        info.out_sigs,
+                        list(inmasks),
+                        **eqn.params,
+                        operands=info.in_consts,
                     )  # fmt: skip
                     if rule is not None and any(s is not None for s in info.in_sigs)
                     else [regions.and_all(inmasks)] * len(eqn.outvars)
@@ -164,11 +227,9 @@ def evaluate(
             else:
                 outs = _bind(eqn, invals)
         for v, val, m, sig in zip(eqn.outvars, outs, omasks, info.out_sigs):
-            env[v], menv[v] = val, m
+            env.write(v, val, m)
             if record is not None and info.dynamic and sig is not None:
                 record(_path + (i,), v, sig, val, m)
-    results = [read(v) for v in closed.jaxpr.outvars]
-    return [r[0] for r in results], [r[1] for r in results]
 
 
 def dense_reuse(layer: int, eqn: jcore.JaxprEqn, invals: list, mask: jax.Array) -> jax.Array:

@@ -117,7 +117,7 @@ def _combine(ctx, in_sigs, out_sig, masks) -> Mask:
     lax.split_p, P.reduce_sum_p, P.reduce_max_p, P.reduce_min_p, P.reduce_prod_p,
     P.reduce_and_p, P.reduce_or_p, P.reduce_xor_p, P.argmax_p, P.argmin_p, P.reduce_p,
     P.cumsum_p, P.cumprod_p, P.cummax_p, P.cummin_p, P.cumlogsumexp_p, P.rev_p, P.sort_p,
-    P.top_k_p, P.dot_general_p,
+    P.top_k_p,
 )  # fmt: skip
 def _passthrough(ctx, eqn, in_sigs, out_sigs, masks, **_):
     """AND of the operands, kept per pixel where the output keeps H and W."""
@@ -140,7 +140,7 @@ def _reshape(ctx, eqn, in_sigs, out_sigs, masks, **_):
 
 @register(P.pad_p)
 def _pad(ctx, eqn, in_sigs, out_sigs, masks, *, padding_config, **_):
-    sig, out = in_sigs[0], out_sigs[0]
+    sig = in_sigs[0]
     if sig is None:
         return [and_all(masks)]
     (lh, hh, ih), (lw, hw, iw) = (padding_config[a] for a in sig.axes)
@@ -207,6 +207,26 @@ def _reduce_window(ctx, eqn, in_sigs, out_sigs, masks, **_):
     win = S.reduce_window_window(eqn, sig)
     m = and_pool(ctx, as_2d(and_all(masks), sig), win, sig, out)
     return [m for _ in out_sigs]
+
+
+@register(P.dot_general_p)
+def _dot_general(ctx, eqn, in_sigs, out_sigs, masks, *, dimension_numbers, operands=None, **_):
+    """Per pixel where space is kept; resampling matrices AND over their support."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    out = out_sigs[0]
+    side = 0 if in_sigs[0] is not None else 1
+    contracted = set(lc) | set(lb) if side == 0 else set(rc) | set(rb)
+    if out is None or not set(in_sigs[side].axes) & contracted:
+        return [_combine(ctx, in_sigs, out, masks)]
+    lm, _ = S.linear_map(eqn, in_sigs, operands)
+    support = jnp.asarray(lm.weights != 0, jnp.float32)  # (n_in, n_out)
+    bad = jnp.tensordot((~masks[side]).astype(jnp.float32), support, ((lm.axis,), (0,)))
+    m = jnp.moveaxis(bad, -1, lm.axis) < 0.5
+    shift = ctx.shift(out)[lm.axis]
+    interior = jnp.asarray(lm.interior)
+    ok = (shift == 0) | (jnp.roll(interior, -shift) & interior)
+    ok = ok[:, None] if lm.axis == 0 else ok[None, :]
+    return [and_all([m & ok, masks[1 - side]])]
 
 
 @register(P.gather_p)

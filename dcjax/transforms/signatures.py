@@ -30,6 +30,7 @@ from jax import lax
 from jax.extend import core as jcore
 from jax.extend.core import primitives as P
 
+
 @dataclasses.dataclass(frozen=True)
 class Spatial:
     """Where H and W live in a variable, and its stride relative to the frame.
@@ -138,26 +139,23 @@ def _broadcast_in_dim(eqn, sigs, *, broadcast_dimensions, shape, **_):
 def _reshape_groups(
     in_shape: tuple[int, ...], out_shape: tuple[int, ...]
 ) -> list[tuple[list[int], list[int]]] | None:
-    """Pair runs of input and output axes whose sizes multiply to the same number."""
+    """Pair minimal runs of input and output axes whose sizes multiply to the same number."""
     groups, i, j = [], 0, 0
     while i < len(in_shape) or j < len(out_shape):
         gi, gj, pi, pj = [], [], 1, 1
-        while True:
-            if pi <= pj and i < len(in_shape):
+        if i < len(in_shape):
+            gi, pi, i = [i], in_shape[i], i + 1
+        if j < len(out_shape):
+            gj, pj, j = [j], out_shape[j], j + 1
+        while pi != pj:
+            if pi < pj and i < len(in_shape):
                 gi.append(i)
-                pi *= in_shape[i]
-                i += 1
-            elif j < len(out_shape):
+                pi, i = pi * in_shape[i], i + 1
+            elif pj < pi and j < len(out_shape):
                 gj.append(j)
-                pj *= out_shape[j]
-                j += 1
+                pj, j = pj * out_shape[j], j + 1
             else:
-                break
-            if pi == pj and gi and gj:
-                # absorb trailing size-1 axes into this group
-                break
-        if pi != pj:
-            return None
+                return None
         groups.append((gi, gj))
     return groups
 
@@ -452,25 +450,102 @@ def _reduce_window_generic(eqn, sigs, **_):
     return [_windowed_out(sig, win, _shape(o), sig.axes) for o in eqn.outvars]
 
 
+@dataclasses.dataclass(frozen=True)
+class LinearMap:
+    """A dot_general contracting one spatial axis with a constant matrix.
+
+    ``out[o] = sum_i weights[i, o] * in[i]`` along that axis (the weights of
+    `jax.image.resize` with a linear-family method). ``interior[o]`` is true
+    where column ``o`` is a translated copy of the interior pattern of its
+    phase, so a shifted frame gives the same weights; border columns
+    (renormalised by the resize) are reusable only with zero shift.
+    """
+
+    axis: int  # 0 for H, 1 for W
+    weights: np.ndarray  # (n_in, n_out)
+    interior: np.ndarray  # (n_out,) bool
+
+
+def _interior_columns(weights: np.ndarray) -> np.ndarray:
+    n_in, n_out = weights.shape
+    ratio = Fraction(n_out, n_in)
+    p, q = ratio.numerator, ratio.denominator  # p outputs per q inputs
+    interior = np.zeros(n_out, bool)
+    for phase in range(p):
+        cols = np.arange(phase, n_out, p)
+        if len(cols) == 0:
+            continue
+        t = cols[len(cols) // 2]
+        template = weights[:, t]
+        for o in cols:
+            d = (o - t) // p * q
+            shifted = np.zeros_like(template)
+            if d >= 0:
+                shifted[d:] = template[: n_in - d] if d < n_in else 0
+                lost = template[n_in - d :] if d < n_in else template
+            else:
+                shifted[:d] = template[-d:]
+                lost = template[:-d]
+            interior[o] = not np.any(lost) and np.allclose(weights[:, o], shifted)
+    return interior
+
+
+def linear_map(eqn, sigs, operands) -> tuple[LinearMap, tuple[int, int]] | None:
+    """Recognise a dot_general that resamples one spatial axis by a constant matrix."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    if lb or rb or len(lc) != 1 or sum(s is not None for s in sigs) != 1:
+        return None
+    side = 0 if sigs[0] is not None else 1
+    sig, const = sigs[side], operands[1 - side]
+    if const is None or np.ndim(const) != 2:
+        return None
+    sc, cc = (lc[0], rc[0]) if side == 0 else (rc[0], lc[0])
+    if sc not in sig.axes:
+        return None
+    weights = np.asarray(const, np.float64)
+    if cc == 1:
+        weights = weights.T
+    n = len(_shape(eqn.invars[side]))
+    free = [a for a in range(n) if a != sc]
+    # output axes: lhs free dims, then rhs free dims
+    if side == 0:
+        pos = {a: free.index(a) for a in free}
+        new_pos = len(free)
+    else:
+        pos = {a: 1 + free.index(a) for a in free}
+        new_pos = 0
+    k = sig.axes.index(sc)
+    axes = [0, 0]
+    axes[k] = new_pos
+    axes[1 - k] = pos[sig.axes[1 - k]]
+    lm = LinearMap(axis=k, weights=weights, interior=_interior_columns(weights))
+    return lm, (axes[0], axes[1])
+
+
 @register(P.dot_general_p)
-def _dot_general(eqn, sigs, *, dimension_numbers, **_):
+def _dot_general(eqn, sigs, *, dimension_numbers, operands=None, **_):
     (lc, rc), (lb, rb) = dimension_numbers
     ls, rs = sigs
     if ls is not None and rs is not None:
         return [None]
     nl, nr = len(_shape(eqn.invars[0])), len(_shape(eqn.invars[1]))
-    if ls is not None:
-        if set(ls.axes) & set(lc) | set(ls.axes) & set(lb):
+    sig, contracted = (ls, set(lc) | set(lb)) if ls is not None else (rs, set(rc) | set(rb))
+    if set(sig.axes) & contracted:
+        found = linear_map(eqn, sigs, operands or [None, None])
+        if found is None:
             return [None]
+        lm, axes = found
+        n_in, n_out = lm.weights.shape
+        stride = list(sig.stride)
+        stride[lm.axis] = stride[lm.axis] * Fraction(n_in, n_out)
+        out_shape = _shape(eqn.outvars[0])
+        return [Spatial(axes=axes, size=(out_shape[axes[0]], out_shape[axes[1]]), stride=stride)]
+    if ls is not None:
         free = [a for a in range(nl) if a not in lc and a not in lb]
-        axes = tuple(len(lb) + free.index(a) for a in ls.axes)
-        return [ls.with_axes(axes)]
-    if set(rs.axes) & set(rc) | set(rs.axes) & set(rb):
-        return [None]
+        return [ls.with_axes(tuple(len(lb) + free.index(a) for a in ls.axes))]
     lfree = [a for a in range(nl) if a not in lc and a not in lb]
     rfree = [a for a in range(nr) if a not in rc and a not in rb]
-    axes = tuple(len(lb) + len(lfree) + rfree.index(a) for a in rs.axes)
-    return [rs.with_axes(axes)]
+    return [rs.with_axes(tuple(len(lb) + len(lfree) + rfree.index(a) for a in rs.axes))]
 
 
 # ---------------------------------------------------------------------------
@@ -502,6 +577,7 @@ class Layer:
         in_signature, signature: spatial signatures of input and output.
         kernel: window size along (H, W); strides, padding, dilation, groups.
         flops: multiply-adds x 2 of a full recompute.
+        in_channels, out_channels: feature sizes of input and output.
     """
 
     index: int
@@ -517,6 +593,8 @@ class Layer:
     dilation: tuple[int, int]
     groups: int
     flops: int
+    in_channels: int = 0
+    out_channels: int = 0
     dtype: Any = None
 
 
@@ -667,5 +745,7 @@ def _layer(index: int, eqn, in_sig: Spatial, out_sig: Spatial) -> Layer:
         dilation=win.rhs_dilation,
         groups=eqn.params["feature_group_count"],
         flops=conv_flops(eqn),
+        in_channels=_shape(eqn.invars[0])[eqn.params["dimension_numbers"].lhs_spec[1]],
+        out_channels=_shape(eqn.invars[1])[eqn.params["dimension_numbers"].rhs_spec[0]],
         dtype=eqn.outvars[0].aval.dtype,
     )

@@ -1,0 +1,468 @@
+"""The ``dcjax`` command (also ``python -m dcjax``).
+
+Subcommands:
+
+- ``dcjax demo``: the pretrained EfficientNet-Lite0 over the bundled
+  fixed-camera clip, without and with DeepCache; prints a short table and
+  writes ``dcjax-demo/report.html`` (plots, a strip of frames with the reuse
+  mask drawn over them) and ``dcjax-demo/metrics.json``.
+- ``dcjax run VIDEO --model NAME [--pretrained] [--method deepcache]
+  [--frames N] [--json out.json] [--out annotated.mp4]``: one model and one
+  method (against ``nocache``) on any video FFmpeg reads.
+- ``dcjax bench [--models M ...] [--videos PATH ...] [--methods ...]
+  [--frames N] [--json out.json] [--report out.html]``: DeepCache's
+  evaluation (Section 7): every model x video x method, optional sweeps.
+- ``dcjax models``: the zoo with input shapes, parameters and FLOPs.
+
+A bad argument is reported on one line, naming the argument, with exit
+status 2 (``dcjax: error: argument --frames: ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+__all__ = ["build_parser", "main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are a single line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        message = " ".join(message.split())
+        self.exit(2, f"dcjax: error: {message} (see dcjax {self._sub_name()}--help)\n")
+
+    def _sub_name(self) -> str:
+        parts = self.prog.split()
+        return (parts[-1] + " ") if len(parts) > 1 else ""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {value}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _frames_int(text: str) -> int:
+    value = _positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"needs at least 2 frames, got {value}")
+    return value
+
+
+def _width(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not 0 < value <= 4:
+        raise argparse.ArgumentTypeError(f"must be in (0, 4], got {value}")
+    return value
+
+
+def _add_size_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--width", type=_width, default=1.0,
+                   help="channel multiplier of zoo models (1.0: the published network; "
+                        "small values for quick runs; no pretrained weights then)")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``dcjax`` command."""
+    parser = _Parser(prog="dcjax", description="DeepCache for JAX: reuse CNN work across frames.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    demo = sub.add_parser("demo", help="EfficientNet-Lite0 on a bundled clip, with and without "
+                                       "DeepCache; writes dcjax-demo/report.html")  # fmt: skip
+    demo.add_argument("--frames", type=_frames_int, default=80, help="frames (default 80)")
+    demo.add_argument(
+        "--video",
+        default="vtest",
+        help="bundled clip name or video file (default vtest, fixed camera)",
+    )
+    demo.add_argument("--model", default="efficientnet_lite0", help="zoo model")
+    demo.add_argument(
+        "--method",
+        default="deepcache",
+        help="method spec compared with nocache (default deepcache)",
+    )
+    demo.add_argument("--out", default="dcjax-demo", help="output directory")
+    demo.add_argument("--no-pretrained", action="store_true", help="random weights")
+    _add_size_args(demo)
+
+    run = sub.add_parser("run", help="one model and method on a video")
+    run.add_argument("video", metavar="VIDEO", help="video file (or bundled clip name)")
+    run.add_argument("--model", required=True, help="zoo model (see dcjax models)")
+    run.add_argument("--pretrained", action="store_true", help="real weights (efficientnet_lite0)")
+    run.add_argument("--method", default="deepcache", help="method spec (default deepcache)")
+    run.add_argument("--frames", type=_frames_int, default=100, help="frames (default 100)")
+    run.add_argument("--start", type=_nonnegative_int, default=0, help="frames to skip first")
+    run.add_argument("--json", metavar="PATH", help="write the metrics records here")
+    run.add_argument("--out", metavar="PATH", help="write the frames with the reuse mask here")
+    _add_size_args(run)
+
+    bench = sub.add_parser("bench", help="the paper's evaluation: models x videos x methods")
+    bench.add_argument(
+        "--models",
+        nargs="+",
+        default=None,
+        metavar="M",
+        help="zoo models (default: the paper's five and efficientnet_lite0)",
+    )
+    bench.add_argument(
+        "--videos",
+        nargs="+",
+        default=["vtest", "box"],
+        metavar="PATH",
+        help="video files or bundled clip names (default: vtest box)",
+    )
+    bench.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        metavar="METHOD",
+        help="method specs (default: nocache deepcache deepmon mil frame)",
+    )
+    bench.add_argument("--frames", type=_frames_int, default=100, help="frames per video")
+    bench.add_argument(
+        "--start",
+        type=_nonnegative_int,
+        default=0,
+        help="frames to skip at the start of every video",
+    )
+    bench.add_argument(
+        "--thresholds",
+        nargs="+",
+        type=float,
+        default=[],
+        metavar="T",
+        help="DeepCache PSNR thresholds to sweep (Fig. 16)",
+    )
+    bench.add_argument(
+        "--blocks",
+        nargs="+",
+        type=_positive_int,
+        default=[],
+        metavar="B",
+        help="DeepCache block sizes to sweep (Fig. 17)",
+    )
+    bench.add_argument(
+        "--matchers",
+        nargs="*",
+        default=None,
+        metavar="MATCHER",
+        help="compare matchers on each video (Table 4); no value: all",
+    )
+    bench.add_argument(
+        "--pretrained",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="real weights where available (auto), always, never",
+    )
+    bench.add_argument(
+        "--json",
+        metavar="PATH",
+        default="bench-results/bench.json",
+        help="metrics records (default bench-results/bench.json)",
+    )
+    bench.add_argument("--report", metavar="PATH", help="HTML report with plots")
+    _add_size_args(bench)
+
+    sub.add_parser("models", help="the model zoo with input shapes and FLOPs")
+    return parser  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = {"demo": _demo, "run": _run, "bench": _bench, "models": _models}[args.command]
+    return handler(parser, args)
+
+
+# --- validation shared by the subcommands ------------------------------------------------
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:  # argparse keeps subparsers here
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]
+    return parser
+
+
+def _check_model(sub: argparse.ArgumentParser, arg: str, name: str) -> None:
+    from dcjax import models
+
+    if name not in models.names():
+        sub.error(
+            f"argument {arg}: unknown model {name!r}; choose from {', '.join(models.names())}"
+        )
+
+
+def _check_method(sub: argparse.ArgumentParser, arg: str, spec: str) -> None:
+    from dcjax.eval.methods import parse_method
+
+    try:
+        parse_method(spec)
+    except ValueError as e:
+        sub.error(f"argument {arg}: {e}")
+
+
+def _check_video(sub: argparse.ArgumentParser, arg: str, path: str) -> str:
+    from dcjax.eval.harness import resolve_video
+
+    try:
+        return resolve_video(path)
+    except FileNotFoundError as e:
+        sub.error(f"argument {arg}: {e}")
+
+
+def _table(rows: Sequence[dict[str, str]]) -> str:
+    cols = list(rows[0])
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
+    line = lambda r: "  ".join(str(r[c]).rjust(widths[c]) if i else str(r[c]).ljust(widths[c])
+                               for i, c in enumerate(cols))  # fmt: skip
+    return "\n".join([line({c: c for c in cols}), *(line(r) for r in rows)])
+
+
+def _short_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+    from dcjax.eval.report import summary_rows
+
+    keep = ("method", "median ms", "speedup", "ideal", "efficiency", "top-1 agree", "match",
+            "refreshes")  # fmt: skip
+    return [{k: row[k] for k in keep} for row in summary_rows(records)]
+
+
+def _per_layer_text(record: dict[str, Any], limit: int | None = None) -> str:
+    layers = record["per_layer"]
+    total = sum(lay["flops"] for lay in layers) or 1
+    rows = []
+    for lay in layers[:limit]:
+        bar = "#" * round(20 * lay["reuse_fraction"])
+        name = lay["name"] if len(lay["name"]) <= 34 else "…" + lay["name"][-33:]
+        rows.append({
+            "layer": name,
+            "FLOPs": f"{100 * lay['flops'] / total:.1f}%",
+            "reuse": f"{100 * lay['reuse_fraction']:.0f}%",
+            "": bar.ljust(20, "."),
+        })  # fmt: skip
+    return _table(rows)
+
+
+def _where_time_went(records: Sequence[dict[str, Any]]) -> str:
+    lines = []
+    for r in records:
+        if r["method"] == "nocache":
+            continue
+        parts = [
+            f"{label} {r[key]:.1f} ms"
+            for label, key in (
+                ("refresh frames", "latency_refresh_ms"),
+                ("other frames", "latency_reuse_ms"),
+                ("a repeated frame", "static_frame_ms"),
+            )
+            if r.get(key) is not None
+        ]
+        lines.append(
+            f"{r['variant']}: {', '.join(parts)} (median); no cache "
+            f"{r['nocache_latency_ms']['median']:.1f} ms"
+        )
+    return "\n".join(["\nwhere the time goes:", *lines]) if lines else ""
+
+
+def _load_spec(name: str, *, pretrained: bool, width: float, fps: float, quiet: bool = False):
+    from dcjax.eval.harness import model_spec
+
+    if pretrained and width != 1.0:
+        pretrained = False
+    try:
+        return model_spec(name, pretrained=pretrained, width=width, fps=fps), pretrained
+    except Exception as e:  # missing extra or weights: degrade, loudly
+        if not pretrained:
+            raise
+        print(f"dcjax: pretrained {name} unavailable ({type(e).__name__}: {e}); "
+              "using random weights", file=sys.stderr)  # fmt: skip
+        return model_spec(name, pretrained=False, width=width, fps=fps), False
+
+
+# --- subcommands --------------------------------------------------------------------------
+
+
+def _models(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from dcjax.eval.harness import zoo_table
+
+    rows = zoo_table()
+    print(_table([
+        {"model": r["name"], "input": "x".join(map(str, r["input_shape"])),
+         "task": r["task"], "params": f"{r['params'] / 1e6:.2f}M",
+         "conv GFLOPs": f"{r['conv_flops'] / 1e9:.3f}", "convs": str(r["convs"]),
+         "pretrained": "yes" if r["pretrained"] else "no"}
+        for r in rows
+    ]))  # fmt: skip
+    return 0
+
+
+def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    sub = _subparser(parser, "demo")
+    _check_model(sub, "--model", args.model)
+    _check_method(sub, "--method", args.method)
+    path = _check_video(sub, "--video", args.video)
+    import numpy as np
+
+    from dcjax import models, video
+    from dcjax.eval import bench, harness, plots, report
+
+    fps = video.info(path).fps or 10.0
+    spec, pretrained = _load_spec(args.model, pretrained=not args.no_pretrained,
+                                  width=args.width, fps=fps)  # fmt: skip
+    frames = harness.load_frames(path, spec.frame_shape, frames=args.frames)
+    weights = "pretrained" if pretrained else "random-weight"
+    print(f"dcjax demo: {weights} {args.model} on {args.video} ({len(frames)} frames at "
+          f"{spec.frame_shape[0]}x{spec.frame_shape[1]}), without and with {args.method}; "
+          "compiling first (about a minute)...", flush=True)  # fmt: skip
+    ev = harness.evaluate(spec, frames, ["nocache", args.method], video_label=args.video,
+                          progress=not args.no_progress)  # fmt: skip
+    rec = ev.records[1]
+    print()
+    print(_table(_short_rows(ev.records)))
+    print(f"\nideal speedup = 1 / FLOPs fraction computed; efficiency = measured / ideal. "
+          f"Times are medians of {rec['frames']} per-frame steps, matching included.")  # fmt: skip
+    print(_where_time_went(ev.records))
+    if rec["per_layer"]:
+        print(f"\nreuse per layer ({args.method}, {len(rec['per_layer'])} convolutions; "
+              "FLOPs = share of the model's):")  # fmt: skip
+        print(_per_layer_text(rec))
+    if pretrained and ev.outputs["nocache"].shape[-1] == 1000:
+        labels = models.imagenet_labels()
+        top = np.bincount(ev.outputs["nocache"].reshape(len(frames), -1).argmax(-1)).argmax()
+        print(f"\nmost frequent top-1 class (no cache): {labels[top]}")
+
+    os.makedirs(args.out, exist_ok=True)
+    figures: dict[str, Any] = {}
+    runner = ev.runners[args.method]
+    if "matcher" in runner.config:
+        masks = harness.input_masks(runner.config, frames, ev.infos[args.method]["refreshed"])
+        picks = [int(i) for i in np.linspace(1, len(frames) - 1, 6).round()]
+        figures["reuse_masks"] = plots.mask_strip(frames, masks, picks)
+    figures["timeline"] = plots.timeline(ev.latencies_ms, ev.infos)
+    bench.write_json(os.path.join(args.out, "metrics.json"), ev.records)
+    html_path = os.path.join(args.out, "report.html")
+    report.write_report(
+        html_path, ev.records, figures=figures,
+        title=f"dcjax demo: {args.model} on {args.video}",
+        intro=f"{weights} {args.model}, {len(frames)} frames; reuse masks: green = reused "
+              "input pixels, red = recomputed.",
+    )  # fmt: skip
+    print(f"\nwrote {html_path} and {os.path.join(args.out, 'metrics.json')}")
+    return 0
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    sub = _subparser(parser, "run")
+    _check_model(sub, "--model", args.model)
+    _check_method(sub, "--method", args.method)
+    path = _check_video(sub, "VIDEO", args.video)
+    from dcjax import video
+    from dcjax.eval import bench, harness
+
+    fps = video.info(path).fps or 10.0
+    spec, _ = _load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=fps)
+    frames = harness.load_frames(path, spec.frame_shape, frames=args.frames, start=args.start)
+    ev = harness.evaluate(spec, frames, ["nocache", args.method], video_label=args.video,
+                          progress=not args.no_progress)  # fmt: skip
+    print(_table(_short_rows(ev.records)))
+    if args.json:
+        bench.write_json(args.json, ev.records)
+        print(f"wrote {args.json}")
+    if args.out:
+        runner = ev.runners[args.method]
+        masks = (
+            harness.input_masks(runner.config, frames, ev.infos[args.method]["refreshed"])
+            if "matcher" in runner.config
+            else None
+        )
+        video.write(args.out, _annotate(frames, masks), fps=fps)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _annotate(frames, masks):
+    """Frames (cropped to even sizes) with reused pixels tinted green, recomputed red."""
+    import numpy as np
+
+    h, w = frames.shape[1] // 2 * 2, frames.shape[2] // 2 * 2
+    out = frames[:, :h, :w].astype(np.float32)
+    if masks is not None:
+        m = masks[:, :h, :w, None]
+        tint = np.where(m, np.float32([0, 200, 0]), np.float32([230, 0, 0]))
+        out = 0.7 * out + 0.3 * tint
+    return out.clip(0, 255).astype(np.uint8)
+
+
+def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    sub = _subparser(parser, "bench")
+    from dcjax.eval import bench, report
+
+    model_names = args.models or [*bench.PAPER_MODELS, "efficientnet_lite0"]
+    for m in model_names:
+        _check_model(sub, "--models", m)
+    methods = args.methods or list(bench.DEFAULT_METHODS)
+    for m in methods:
+        _check_method(sub, "--methods", m)
+    for v in args.videos:
+        _check_video(sub, "--videos", v)
+    matchers = args.matchers
+    if matchers is not None:
+        from dcjax.config import MATCHERS
+
+        matchers = matchers or list(bench.DEFAULT_MATCHERS)
+        for m in matchers:
+            if m not in MATCHERS:
+                sub.error(f"argument --matchers: unknown matcher {m!r}; choose from "
+                          f"{', '.join(MATCHERS)}")  # fmt: skip
+    pretrained = {"auto": "auto", "yes": True, "no": False}[args.pretrained]
+    records: list[dict[str, Any]] = []
+
+    def keep(record: dict[str, Any]) -> None:
+        records.append(record)
+        bench.write_json(args.json, records)  # partial results survive an interrupt
+
+    records_out, matcher_rows = bench.run_bench(
+        model_names, args.videos, methods, frames=args.frames, start=args.start,
+        pretrained=pretrained,
+        width=args.width, thresholds=args.thresholds, blocks=args.blocks,
+        matchers=matchers or (), progress=not args.no_progress, on_record=keep,
+    )  # fmt: skip
+    bench.write_json(args.json, records_out)
+    if matcher_rows:
+        bench.write_json(os.path.splitext(args.json)[0] + ".matchers.json", matcher_rows)
+    print(_table([
+        {k: row[k] for k in ("model", "video", "method", "median ms", "speedup", "ideal",
+                             "efficiency", "top-1 agree", "match", "cache MiB")}
+        for row in report.summary_rows(records_out)
+    ]))  # fmt: skip
+    print(f"wrote {args.json}")
+    if args.report:
+        report.write_report(args.report, records_out, matcher_rows=matcher_rows,
+                            title="dcjax bench")  # fmt: skip
+        print(f"wrote {args.report}")
+    return 0

@@ -1,0 +1,364 @@
+"""The harness: run methods over the same frames in one process and measure them.
+
+`evaluate` is the measuring loop behind ``dcjax run``, ``dcjax bench`` and
+``dcjax demo``:
+
+1. the frames are decoded up front (decoding is not timed) and put on the
+   device as uint8 ``(H, W, 3)`` arrays;
+2. every method is instantiated (`dcjax.eval.methods`) and warmed up on the
+   first frames from a fresh state, which compiles its step (the compile time
+   is recorded, not counted);
+3. every method restarts from a fresh state and the frames are streamed:
+   for each frame, each method in turn calls ``step`` once and waits for
+   everything it returned (``block_until_ready``), the order rotating from
+   frame to frame. Interleaving the methods frame by frame keeps them under
+   the same machine load, so the ratio of medians is robust to load changing
+   during the run;
+4. each method then steps a few more times on the last frame repeated (the
+   fixed cost of matching and caching when everything is reusable);
+5. one record per method (`dcjax.eval.metrics.make_record`), each compared
+   with ``nocache`` on the same frames (``nocache`` always runs).
+
+`model_spec` builds a `ModelSpec` for a zoo model; `load_frames` decodes a
+video (a path or a bundled clip name) at a model's input size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dcjax import matching, models, video
+from dcjax.eval import metrics
+from dcjax.eval.methods import ModelSpec, Runner, make_runner, parse_method, state_bytes
+
+__all__ = [
+    "Evaluation",
+    "evaluate",
+    "input_masks",
+    "load_frames",
+    "model_spec",
+    "resolve_video",
+    "zoo_table",
+]
+
+
+def resolve_video(name_or_path: str) -> str:
+    """A bundled clip name (``vtest``, ``box``, ...) or a file path, as a path.
+
+    Raises:
+        FileNotFoundError: neither a bundled clip nor an existing file.
+    """
+    if os.path.exists(name_or_path):
+        return name_or_path
+    try:
+        return str(video.clip_path(name_or_path))
+    except Exception as e:
+        raise FileNotFoundError(f"no such video file or bundled clip: {name_or_path!r}") from e
+
+
+def load_frames(
+    path: str,
+    frame_shape: Sequence[int],
+    *,
+    frames: int,
+    start: int = 0,
+    mode: str = "resize",
+) -> np.ndarray:
+    """Decode up to ``frames`` frames of ``path`` resized to ``frame_shape``.
+
+    Returns:
+        uint8 (T, H, W, 3).
+    """
+    h, w = int(frame_shape[0]), int(frame_shape[1])
+    out = list(video.read(resolve_video(path), size=(h, w), max_frames=frames, start=start,
+                          mode=mode))  # fmt: skip
+    if not out:
+        raise ValueError(f"dcjax: no frames decoded from {path!r}")
+    return np.stack(out).astype(np.uint8)
+
+
+def model_spec(
+    name: str,
+    *,
+    pretrained: bool = False,
+    width: float = 1.0,
+    input_size: tuple[int, int] | None = None,
+    fps: float = 10.0,
+    seed: int = 0,
+) -> ModelSpec:
+    """A `ModelSpec` for zoo model ``name`` with its own per-pixel preprocessing."""
+    kwargs: dict[str, Any] = {"pretrained": pretrained, "seed": seed}
+    if width != 1.0:
+        kwargs["width"] = width
+    if input_size is not None:
+        kwargs["input_size"] = tuple(input_size)
+    module, variables = models.create(name, **kwargs)
+    h, w = input_size if input_size is not None else models.input_shape(name)[:2]
+    return ModelSpec(
+        name=name,
+        module=module,
+        variables=variables,
+        frame_shape=(int(h), int(w), 3),
+        preprocess=lambda f, _n=name: models.preprocess(_n, f),
+        fps=fps,
+    )
+
+
+@dataclasses.dataclass
+class Evaluation:
+    """What `evaluate` measured.
+
+    Attributes:
+        records: one metrics record per method, in the order given.
+        runners: variant -> `Runner`.
+        infos: variant -> per-frame step infos stacked along T (numpy).
+        latencies_ms: variant -> per-frame step times.
+        outputs: variant -> (T, ...) outputs (numpy).
+    """
+
+    records: list[dict[str, Any]]
+    runners: dict[str, Runner]
+    infos: dict[str, dict[str, np.ndarray]]
+    latencies_ms: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+
+
+def _first_leaf(out: Any) -> np.ndarray:
+    leaves = jax.tree_util.tree_leaves(out)
+    return (
+        np.asarray(leaves[0])
+        if len(leaves) == 1
+        else np.concatenate([np.asarray(x).reshape(-1) for x in leaves])
+    )
+
+
+def _static_frame_ms(runner: Runner, state: Any, frame: jax.Array, repeats: int = 5):
+    """Median step time on a frame repeated after itself (frames not refreshed only)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _, state, info = jax.block_until_ready(runner.step(state, frame))
+        if not bool(np.asarray(info["refreshed"])) or runner.method == "nocache":
+            times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times)) if times else None
+
+
+def evaluate(
+    spec: ModelSpec,
+    frames: np.ndarray,
+    methods: Iterable[str | tuple[str, Mapping[str, Any]]],
+    *,
+    video_label: str = "",
+    warmup: int = 2,
+    progress: bool = True,
+    runner_cache: dict[str, Runner] | None = None,
+) -> Evaluation:
+    """Run ``methods`` over ``frames`` interleaved, and measure them (module docstring).
+
+    Args:
+        spec: the model.
+        frames: uint8 (T, H, W, 3) at ``spec.frame_shape``.
+        methods: method specs (``"deepcache"``, ``"deepcache:psnr_threshold=25"``)
+            or ``(name, options)`` pairs; ``nocache`` is added first if absent.
+        video_label: what the records call the video (the path given).
+        warmup: frames stepped (and discarded) to compile each method.
+        progress: show a tqdm progress bar.
+        runner_cache: variant -> `Runner` already built for this ``spec``; reused
+            (no recompilation) and filled with the runners built here.
+
+    Returns:
+        An `Evaluation`.
+    """
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or tuple(frames.shape[1:]) != tuple(spec.frame_shape):
+        raise ValueError(
+            f"dcjax: frames have shape {frames.shape[1:]} but the model takes {spec.frame_shape}"
+        )
+    parsed: list[tuple[str, str, dict]] = []
+    for m in methods:
+        if isinstance(m, str):
+            name, opts = parse_method(m)
+            variant = m
+        else:
+            name, opts = m[0], dict(m[1])
+            variant = name + (":" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else "")
+        if variant not in [p[0] for p in parsed]:
+            parsed.append((variant, name, opts))
+    if "nocache" not in [p[0] for p in parsed]:
+        parsed.insert(0, ("nocache", "nocache", {}))
+
+    cache = {} if runner_cache is None else runner_cache
+    for variant, name, opts in parsed:
+        if variant not in cache:
+            cache[variant] = make_runner(spec, name, opts)
+    runners = {variant: cache[variant] for variant, _, _ in parsed}
+    dev_frames = [jnp.asarray(f) for f in frames]
+    compile_s: dict[str, float] = {}
+    warm: Iterable = runners.items()
+    if progress:
+        from tqdm.auto import tqdm
+
+        warm = tqdm(warm, total=len(runners), desc=f"compiling {spec.name}", unit="method",
+                    leave=False)  # fmt: skip
+    for variant, runner in warm:
+        t0 = time.perf_counter()
+        state = runner.init()
+        for f in dev_frames[: max(1, min(warmup, len(dev_frames)))]:
+            state = jax.block_until_ready(runner.step(state, f))[1]
+        compile_s[variant] = time.perf_counter() - t0
+
+    states = {v: r.init() for v, r in runners.items()}
+    times = {v: [] for v in runners}
+    outs: dict[str, list] = {v: [] for v in runners}
+    infos: dict[str, list] = {v: [] for v in runners}
+    iterator: Iterable = dev_frames
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(dev_frames, desc=f"{spec.name} {os.path.basename(video_label)}",
+                        unit="frame", leave=False)  # fmt: skip
+    order = list(runners)
+    for t, f in enumerate(iterator):
+        # Rotate who goes first on each frame, so no method always follows the same one.
+        k = t % len(order)
+        for variant in order[k:] + order[:k]:
+            runner = runners[variant]
+            t0 = time.perf_counter()
+            result = jax.block_until_ready(runner.step(states[variant], f))
+            times[variant].append((time.perf_counter() - t0) * 1e3)
+            out, states[variant], info = result
+            outs[variant].append(out)
+            infos[variant].append(info)
+
+    static_ms = {v: _static_frame_ms(r, states[v], dev_frames[-1]) for v, r in runners.items()}
+    stacked_out = {v: np.stack([_first_leaf(o) for o in outs[v]]) for v in runners}
+    stacked_info = {
+        v: {k: np.stack([np.asarray(i[k]) for i in infos[v]]) for k in infos[v][0]} for v in runners
+    }
+    backend = jax.default_backend()
+    records = []
+    for variant, name, _ in parsed:
+        runner = runners[variant]
+        records.append(
+            metrics.make_record(
+                model=spec.name,
+                video=video_label,
+                method=name,
+                variant=variant,
+                latencies_ms=times[variant],
+                nocache_latencies_ms=times["nocache"],
+                outputs=stacked_out[variant],
+                reference=stacked_out["nocache"],
+                infos=stacked_info[variant],
+                layers=runner.layers,
+                total_flops=runner.total_flops,
+                cache_bytes=state_bytes(states[variant]),
+                config=runner.config,
+                frame_shape=spec.frame_shape,
+                compile_s=compile_s[variant],
+                static_frame_ms=static_ms[variant],
+                backend=backend,
+            )
+        )
+    return Evaluation(
+        records=records,
+        runners=runners,
+        infos=stacked_info,
+        latencies_ms={v: np.asarray(t) for v, t in times.items()},
+        outputs=stacked_out,
+    )
+
+
+def input_masks(
+    config: Mapping[str, Any], frames: np.ndarray, refreshed: np.ndarray | None = None
+) -> np.ndarray:
+    """The input reuse masks R0 a matcher configuration gives on consecutive frames.
+
+    For plotting: frame ``t`` is matched against frame ``t - 1`` with the
+    matcher of ``config`` (a `Config` as a dict, e.g. ``runner.config``); frame 0
+    and the frames in ``refreshed`` get an all-false mask.
+
+    Returns:
+        bool (T, H, W).
+    """
+    cfg = dict(config)
+    matcher = cfg.get("matcher", "static")
+    common = dict(
+        block_size=int(cfg.get("block_size", 10)),
+        psnr_threshold=float(cfg.get("psnr_threshold", 20.0)),
+        color=cfg.get("color", "luma"),
+        data_range=cfg.get("data_range"),
+    )
+    options = dict(cfg.get("matcher_options") or {})
+    if "grid" in options:
+        options["grid"] = tuple(options["grid"])
+
+    @jax.jit
+    def one(prev, cur):
+        if matcher == "histogram":
+            m = matching.histogram_match(prev, cur, **options)
+        elif matcher == "static":
+            m = matching.static_match(prev, cur, **common)
+        else:
+            m = matching.match(prev, cur, search=matcher, **common, **options)
+        return m.mask
+
+    masks = [np.zeros(frames.shape[1:3], bool)]
+    for t in range(1, len(frames)):
+        masks.append(np.asarray(one(jnp.asarray(frames[t - 1]), jnp.asarray(frames[t]))))
+    out = np.stack(masks)
+    if refreshed is not None:
+        out[np.asarray(refreshed, bool).reshape(-1)] = False
+    return out
+
+
+def _conv_stats(jaxpr) -> tuple[int, int]:
+    """(FLOPs, count) of the convolutions in a jaxpr, through nested jaxprs."""
+    from jax.extend.core import primitives as P
+
+    from dcjax.transforms.signatures import conv_flops, sub_jaxpr
+
+    flops = count = 0
+    for eqn in jaxpr.eqns:
+        sub = sub_jaxpr(eqn)
+        if sub is not None:
+            f, c = _conv_stats(sub.jaxpr)
+            flops, count = flops + f, count + c
+        elif eqn.primitive is P.conv_general_dilated_p:
+            flops, count = flops + conv_flops(eqn), count + 1
+    return flops, count
+
+
+def zoo_table() -> list[dict[str, Any]]:
+    """Per zoo model: name, input shape, task, parameters, conv FLOPs and count.
+
+    Computed from abstract variables (nothing is initialised or run).
+    """
+    rows = []
+    for name in models.names():
+        spec = models.info(name)
+        variables = models.abstract_variables(name)
+        module = spec.factory(num_classes=spec.num_classes)
+        x = jax.ShapeDtypeStruct((1, *spec.input_shape), jnp.float32)
+        closed = jax.make_jaxpr(module.apply)(variables, x)
+        flops, count = _conv_stats(closed.jaxpr)
+        params = sum(int(np.prod(v.shape)) for v in jax.tree_util.tree_leaves(
+            variables.get("params", variables)))  # fmt: skip
+        rows.append({
+            "name": name,
+            "input_shape": list(spec.input_shape),
+            "task": spec.task,
+            "params": params,
+            "conv_flops": int(flops),
+            "convs": count,
+            "pretrained": spec.pretrained,
+        })  # fmt: skip
+    return rows

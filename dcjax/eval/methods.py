@@ -1,0 +1,444 @@
+"""The method registry: every way of running a model over a stream, behind one interface.
+
+A *method* turns a model (a `ModelSpec`) and a dict of options into a `Runner`:
+``init()`` gives a fresh per-stream state and ``step(state, frame)`` processes
+one ``(H, W, 3)`` uint8 frame, returning ``(output, state, info)``, jitted. The
+harness (`dcjax.eval.harness`) times ``step`` frame by frame and compares every
+method's output with ``nocache`` on the same frames.
+
+``info`` must hold, as arrays:
+
+- ``flops_ratio``: convolution FLOPs computed on this frame / a full recompute
+  (1 for ``nocache``); ``1 / mean(flops_ratio)`` is the ideal speedup;
+- ``match_ratio``: fraction of input blocks the method's matcher matched
+  (NaN when the method matches nothing);
+- ``refreshed``: whether the frame was recomputed in full;
+- ``reuse_fraction``: ``(len(runner.layers),)`` fraction of each reused
+  layer's output taken from the cache.
+
+Registered methods: ``nocache`` (the jitted model, every convolution computed
+in full; grouped and depthwise ones the way the sparse kernels' dense path
+computes them on CPU, where XLA's own are several times slower; option
+``impl="plain"`` for ``module.apply`` as it is), ``deepcache``
+(`dcjax.deepcache.transform`), ``deepmon`` (`dcjax.eval.deepmon`), ``mil``
+(`dcjax.eval.mil`) and ``frame`` (`dcjax.eval.frame`).
+
+Adding a method is one decorated factory, in this module or in a module
+imported at the bottom of it::
+
+    @register_method("mymethod", "one line saying what it does")
+    def _mymethod(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
+        cfg = deepcache_config(options)            # or read options yourself
+        ...
+        return Runner(method="mymethod", init=init, step=step, layers=spec.layers,
+                      config={...})
+
+A method spec on the command line is ``name`` or ``name:key=value,key=value``;
+values are parsed as Python literals where possible (``psnr_threshold=25``,
+``matcher=diamond``, ``refresh_every=None``), see `parse_method`.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dcjax import deepcache
+from dcjax.config import Config
+from dcjax.kernels import tiles as _tiles
+from dcjax.kernels import xla as _xla
+from dcjax.transforms.interpreter import FrameContext, evaluate
+from dcjax.transforms.signatures import Spatial, analyze
+from dcjax.transforms.trace import as_function, trace_model
+
+__all__ = [
+    "DEFAULT_KERNEL",
+    "METHODS",
+    "LayerFlops",
+    "MethodInfo",
+    "ModelSpec",
+    "Runner",
+    "check_options",
+    "config_dict",
+    "deepcache_config",
+    "dense_conv",
+    "fast_apply",
+    "make_runner",
+    "method_names",
+    "parse_method",
+    "register_method",
+    "state_bytes",
+    "transform",
+]
+
+#: Kernel the harness uses for reused convolutions unless a method spec says
+#: otherwise (``Config``'s own default, ``"reference"``, is dense + select and
+#: saves nothing).
+DEFAULT_KERNEL = "auto"
+
+_NHWC = ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LayerFlops:
+    """One reused convolution: its name (Flax module path) and full-recompute FLOPs."""
+
+    name: str
+    flops: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class ModelSpec:
+    """A model as the methods see it.
+
+    Attributes:
+        name: zoo name or any label.
+        module: a Flax module or ``fn(variables, x)``.
+        variables: the model's variables.
+        frame_shape: ``(H, W, 3)`` of the frames fed to ``step``.
+        preprocess: per-pixel map from a uint8 frame to the model input, or None
+            (divide by 255).
+        fps: frame rate of the stream (for time-based policies such as DeepMon's
+            cache expiry).
+    """
+
+    name: str
+    module: Any
+    variables: Any
+    frame_shape: tuple[int, int, int]
+    preprocess: Callable[[jax.Array], jax.Array] | None = None
+    fps: float = 10.0
+
+    @functools.cached_property
+    def analysis(self) -> deepcache.CachedModel:
+        """The model traced once (no compilation): its conv layers and FLOPs."""
+        return deepcache.transform(
+            self.module,
+            self.variables,
+            frame_shape=self.frame_shape,
+            config=Config(),
+            preprocess=self.preprocess,
+        )
+
+    @property
+    def layers(self) -> tuple[LayerFlops, ...]:
+        """The model's reused convolutions, in execution order."""
+        return tuple(
+            LayerFlops(name=lay.name, flops=int(lay.flops)) for lay in self.analysis.layers
+        )
+
+    def model_input(self, frame: jax.Array) -> jax.Array:
+        """``frame`` as the model's (1, H, W, 3) float input."""
+        if self.preprocess is not None:
+            x = self.preprocess(frame)
+        elif frame.dtype == jnp.uint8:
+            x = frame.astype(jnp.float32) / 255.0
+        else:
+            x = frame
+        return jnp.asarray(x, jnp.float32)[None]
+
+    def apply(self, frame: jax.Array, variables: Any = None) -> Any:
+        """The plain model on one frame (not jitted here), with ``variables`` if given."""
+        variables = self.variables if variables is None else variables
+        return as_function(self.module)(variables, self.model_input(frame))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class Runner:
+    """A method instantiated for one model.
+
+    Attributes:
+        method: registry name.
+        init: ``() -> state``.
+        step: ``(state, frame) -> (output, state, info)``, jitted.
+        layers: the layers ``info["reuse_fraction"]`` refers to.
+        config: JSON-serialisable settings (recorded in the metrics).
+        total_flops: conv FLOPs of a full recompute.
+        cached: the `CachedModel` behind the method, when there is one.
+    """
+
+    method: str
+    init: Callable[[], Any]
+    step: Callable[[Any, jax.Array], tuple[Any, Any, dict]]
+    layers: tuple[LayerFlops, ...]
+    config: dict[str, Any]
+    total_flops: int = 0
+    cached: deepcache.CachedModel | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodInfo:
+    """A registered method: its factory and a one-line description."""
+
+    name: str
+    factory: Callable[[ModelSpec, Mapping[str, Any]], Runner]
+    description: str
+
+
+#: name -> `MethodInfo`; fill it with `register_method`.
+METHODS: dict[str, MethodInfo] = {}
+
+
+def register_method(
+    name: str, description: str = ""
+) -> Callable[[Callable[[ModelSpec, Mapping[str, Any]], Runner]], Callable]:
+    """Register ``factory(spec, options) -> Runner`` under ``name``.
+
+    Raises:
+        ValueError: ``name`` is already registered or contains ``:`` or ``,``.
+    """
+    if not name or any(c in name for c in ":,= "):
+        raise ValueError(f"dcjax: method name {name!r} must be non-empty without ':,= '")
+
+    def deco(factory):
+        if name in METHODS:
+            raise ValueError(f"dcjax: method {name!r} is already registered")
+        METHODS[name] = MethodInfo(name, factory, description)
+        return factory
+
+    return deco
+
+
+def method_names() -> tuple[str, ...]:
+    """Names of the registered methods, in registration order."""
+    return tuple(METHODS)
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def parse_method(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"deepcache:psnr_threshold=25,block_size=20"`` -> ``("deepcache", {...})``.
+
+    Raises:
+        ValueError: unknown method name or a malformed option, naming it.
+    """
+    name, _, rest = spec.partition(":")
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join(method_names())}")
+    options: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"method option {item!r} in {spec!r} must be key=value")
+        options[key.strip()] = _literal(value.strip())
+    return name, options
+
+
+def make_runner(spec: ModelSpec, method: str, options: Mapping[str, Any] | None = None) -> Runner:
+    """Instantiate registered ``method`` for ``spec``."""
+    if method not in METHODS:
+        raise ValueError(
+            f"dcjax: unknown method {method!r}; choose from {', '.join(method_names())}"
+        )
+    return METHODS[method].factory(spec, dict(options or {}))
+
+
+_CONFIG_FIELDS = {f.name for f in dataclasses.fields(Config)}
+
+
+def deepcache_config(options: Mapping[str, Any], **defaults: Any) -> Config:
+    """A `Config` from method options (unknown keys are an error naming them).
+
+    ``kernel`` defaults to `DEFAULT_KERNEL`; ``defaults`` override `Config`'s
+    own defaults and are overridden by ``options``.
+    """
+    merged = {"kernel": DEFAULT_KERNEL, **defaults}
+    for key, value in options.items():
+        if key not in _CONFIG_FIELDS:
+            raise ValueError(
+                f"dcjax: unknown option {key!r}; Config fields are "
+                f"{', '.join(sorted(_CONFIG_FIELDS))}"
+            )
+        merged[key] = value
+    if "reuse_ops" in merged:
+        merged["reuse_ops"] = tuple(merged["reuse_ops"])
+    if isinstance(merged.get("psnr_threshold"), int):
+        merged["psnr_threshold"] = float(merged["psnr_threshold"])
+    return Config(**merged)
+
+
+def config_dict(config: Config) -> dict[str, Any]:
+    """A `Config` as a JSON-serialisable dict."""
+    return _jsonable(config)
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not np.isfinite(value):
+        return str(value)
+    return value
+
+
+def state_bytes(state: Any) -> int:
+    """Bytes held by a per-stream state pytree (the cache's memory)."""
+    return int(
+        sum(
+            np.dtype(x.dtype).itemsize * int(np.prod(x.shape))
+            for x in jax.tree_util.tree_leaves(state)
+            if hasattr(x, "shape")
+        )
+    )
+
+
+def check_options(method: str, options: Mapping[str, Any], allowed: set[str]) -> None:
+    """Raise ValueError naming any option of ``method`` not in ``allowed``."""
+    bad = sorted(set(options) - allowed)
+    if bad:
+        raise ValueError(
+            f"dcjax: unknown option(s) {', '.join(map(repr, bad))} for method {method!r}; "
+            f"allowed: {', '.join(sorted(allowed)) or 'none'}"
+        )
+
+
+# --- the two core methods ---------------------------------------------------------------
+
+
+def dense_conv(eqn: Any, invals: Sequence[Any]) -> jax.Array:
+    """A convolution equation computed in full, as the sparse kernels' dense branch does.
+
+    On CPU, XLA's grouped (and depthwise) convolutions are slow; the kernels'
+    dense path rewrites them (`dcjax.kernels.xla.valid_conv`), and so does this
+    baseline, so that ``nocache`` is not handicapped against the cached methods.
+    Other convolutions are bound as they are.
+    """
+    p = eqn.params
+    dn = p["dimension_numbers"]
+    x, w = invals
+    nhwc = (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)) == _NHWC
+    if (
+        nhwc
+        and p["feature_group_count"] > 1
+        and tuple(p["lhs_dilation"]) == (1, 1)
+        and p["batch_group_count"] == 1
+        and jax.default_backend() == "cpu"
+    ):
+        plan = _tiles.plan(
+            x.shape, w.shape, strides=p["window_strides"], padding=p["padding"],
+            dilation=p["rhs_dilation"], groups=p["feature_group_count"],
+        )  # fmt: skip
+        out = _xla.valid_conv(_tiles.pad_input(x, plan), w, plan, True)
+        return out.astype(jnp.result_type(x.dtype, w.dtype))
+    return eqn.primitive.bind(x, w, **p)
+
+
+def fast_apply(spec: ModelSpec) -> tuple[Callable[[Any, jax.Array], Any], list]:
+    """The model as ``apply(leaves, frame)`` with convolutions computed by `dense_conv`.
+
+    Returns:
+        ``(apply, leaves)``: a traceable function of the flattened variables and
+        one uint8 frame, and the variables' leaves to pass it.
+    """
+    traced = trace_model(spec.module, spec.variables, spec.frame_shape)
+    k = len(traced.leaves)
+    frame_sig = Spatial(axes=(1, 2), size=spec.frame_shape[:2], stride=(1, 1))
+    analysis = analyze(traced.jaxpr, [None] * k + [frame_sig], [False] * k + [True])
+
+    def apply(leaves, frame):
+        x = spec.model_input(jnp.asarray(frame))
+        ctx = FrameContext(jnp.zeros((2,), jnp.int32), "exact")
+        outs, _ = evaluate(
+            analysis, [*leaves, x], [True] * (k + 1), ctx,
+            lambda i, eqn, invals, mask: dense_conv(eqn, invals),
+        )  # fmt: skip
+        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
+
+    return apply, traced.leaves
+
+
+@register_method("nocache", "the jitted model, every frame computed in full (the baseline)")
+def _nocache(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
+    """``impl="fast"`` (default): grouped convolutions as the kernels' dense branch computes
+    them; ``impl="plain"``: ``module.apply`` under `jax.jit`, XLA's own convolutions."""
+    check_options("nocache", options, {"impl"})
+    impl = options.get("impl", "fast")
+    if impl not in ("fast", "plain"):
+        raise ValueError(f"dcjax: nocache impl must be 'fast' or 'plain', got {impl!r}")
+    layers = spec.layers
+    n = len(layers)
+    info = {
+        "flops_ratio": jnp.float32(1.0),
+        "match_ratio": jnp.float32(jnp.nan),
+        "refreshed": jnp.bool_(True),
+        "reuse_fraction": jnp.zeros((n,), jnp.float32),
+    }
+    if impl == "plain":
+
+        @jax.jit
+        def _step(variables, state, frame):
+            return spec.apply(frame, variables), state, dict(info)
+
+        args = spec.variables
+    else:
+        apply, args = fast_apply(spec)
+
+        @jax.jit
+        def _step(leaves, state, frame):
+            return apply(leaves, frame), state, dict(info)
+
+    return Runner(
+        method="nocache",
+        init=lambda: (),
+        step=functools.partial(_step, args),
+        layers=layers,
+        config={"impl": impl},
+        total_flops=int(spec.analysis.total_flops),
+    )
+
+
+def transform(spec: ModelSpec, config: Config) -> deepcache.CachedModel:
+    """`deepcache.transform` of ``spec`` with ``config``.
+
+    Works around a `deepcache` bug: ``total_flops`` is a Python int, and the step
+    divides a traced value by it, which overflows int32 for models above 2^31
+    FLOPs (yolo_tiny, resnet50 ...). As a float it is traced as float32.
+    """
+    cached = deepcache.transform(
+        spec.module,
+        spec.variables,
+        frame_shape=spec.frame_shape,
+        config=config,
+        preprocess=spec.preprocess,
+    )
+    if isinstance(cached.total_flops, int):
+        cached.total_flops = float(cached.total_flops)
+    return cached
+
+
+@register_method("deepcache", "DeepCache: block matching, region propagation, sparse reuse")
+def _deepcache(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
+    cfg = deepcache_config(options)
+    cached = transform(spec, cfg)
+    return Runner(
+        method="deepcache",
+        init=cached.init,
+        step=cached.step,
+        layers=tuple(LayerFlops(name=lay.name, flops=int(lay.flops)) for lay in cached.layers),
+        config=config_dict(cfg),
+        total_flops=int(cached.total_flops),
+        cached=cached,
+    )
+
+
+# Baselines register themselves on import.
+from dcjax.eval import deepmon as _deepmon  # noqa: E402,F401
+from dcjax.eval import frame as _frame  # noqa: E402,F401
+from dcjax.eval import mil as _mil  # noqa: E402,F401
+from dcjax.eval import refine_methods as _refine  # noqa: E402,F401
+from dcjax.semantic import eval_methods as _semantic  # noqa: E402,F401

@@ -1,0 +1,269 @@
+"""Metrics records: one JSON-serialisable dict per (model, video, method).
+
+`make_record` turns what the harness measured (per-frame latencies, outputs,
+step infos) into a record with the keys of `RECORD_KEYS`; `check_record`
+verifies a record's schema and internal consistency (the tests and the
+report rely on it). The definitions:
+
+- ``latency_ms``: ``median``, ``p90`` and ``mean`` of the per-frame wall time
+  of ``step`` (matching included, ``block_until_ready`` on everything it
+  returns, after a warm-up that compiles), over the same frames as
+  ``nocache_latency_ms``.
+- ``speedup`` = ``nocache_latency_ms.median / latency_ms.median``;
+  ``speedup_mean`` = the same with means, the one to compare with
+  ``ideal_speedup`` (a mean over frames) when latencies are bimodal (a method
+  whose typical frame is free, like ``frame``, has a median speedup far above
+  its mean one).
+- where the time goes: ``latency_refresh_ms`` and ``latency_reuse_ms``, the
+  median latency of the frames recomputed in full and of the others;
+  ``static_frame_ms``, the median latency of a frame identical to the previous
+  one (everything reusable: the fixed cost of matching and caching).
+- ``ideal_speedup`` = ``1 / mean(flops_ratio)``: the speedup a perfect sparse
+  kernel with free matching would give, from the convolution FLOPs computed.
+- ``efficiency`` = ``speedup / ideal_speedup``.
+- ``top1_agreement``: fraction of frames whose arg-max class equals the
+  no-cache output's; ``top5_agreement``: fraction whose no-cache top-1 class is
+  among the method's top five. ``None`` for outputs that are not class scores
+  (detection grids, regression).
+- ``output_mse``: mean squared difference from the no-cache output;
+  ``output_rel_mse``: the same divided by the no-cache output's variance.
+- ``match_ratio``: mean over non-refresh frames of the fraction of input
+  blocks matched (``None`` when the method matches nothing).
+- ``refreshes``: frames recomputed in full (the first frame included).
+- ``cache_bytes``: bytes of the per-stream state after the last frame.
+- ``per_layer``: per reused convolution, ``name``, ``flops`` and the mean
+  ``reuse_fraction`` of its output.
+- ``config``: the method's full settings.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "RECORD_KEYS",
+    "agreement",
+    "check_record",
+    "latency_stats",
+    "make_record",
+]
+
+RECORD_KEYS = (
+    "model",
+    "video",
+    "method",
+    "variant",
+    "frames",
+    "frame_shape",
+    "latency_ms",
+    "nocache_latency_ms",
+    "speedup",
+    "speedup_mean",
+    "ideal_speedup",
+    "efficiency",
+    "top1_agreement",
+    "top5_agreement",
+    "output_mse",
+    "output_rel_mse",
+    "match_ratio",
+    "refreshes",
+    "cache_bytes",
+    "total_flops",
+    "per_layer",
+    "config",
+    "compile_s",
+    "latency_refresh_ms",
+    "latency_reuse_ms",
+    "static_frame_ms",
+    "backend",
+    "timing",
+)
+
+
+def latency_stats(ms: Sequence[float]) -> dict[str, float]:
+    """``median``, ``p90`` and ``mean`` of per-frame latencies in ms."""
+    a = np.asarray(ms, np.float64)
+    if a.size == 0:
+        raise ValueError("dcjax: no latencies to summarise")
+    return {
+        "median": float(np.median(a)),
+        "p90": float(np.percentile(a, 90)),
+        "mean": float(a.mean()),
+    }
+
+
+def _scores(outputs: np.ndarray) -> np.ndarray | None:
+    """(T, C) class scores, or None when the output is not a score vector."""
+    if outputs.ndim == 3 and outputs.shape[1] == 1:
+        outputs = outputs[:, 0]
+    if outputs.ndim != 2 or outputs.shape[1] < 2:
+        return None
+    return outputs
+
+
+def agreement(reference: np.ndarray, outputs: np.ndarray, k: int = 1) -> float | None:
+    """Fraction of frames whose reference top-1 class is in the output's top ``k``.
+
+    Args:
+        reference: (T, 1, C) or (T, C) no-cache scores.
+        outputs: the method's scores, same shape.
+        k: 1 for top-1 agreement, 5 for top-5.
+
+    Returns:
+        A fraction in [0, 1], or None for outputs that are not class scores.
+    """
+    ref, out = _scores(np.asarray(reference)), _scores(np.asarray(outputs))
+    if ref is None or out is None:
+        return None
+    k = min(k, out.shape[1])
+    top = np.argsort(-out, axis=1)[:, :k]
+    return float(np.mean(np.any(top == ref.argmax(1)[:, None], axis=1)))
+
+
+def _median_or_none(values: np.ndarray) -> float | None:
+    return float(np.median(values)) if len(values) else None
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    if x is None or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+def make_record(
+    *,
+    model: str,
+    video: str,
+    method: str,
+    variant: str,
+    latencies_ms: Sequence[float],
+    nocache_latencies_ms: Sequence[float],
+    outputs: np.ndarray,
+    reference: np.ndarray,
+    infos: Mapping[str, np.ndarray],
+    layers: Sequence[Any],
+    total_flops: int,
+    cache_bytes: int,
+    config: Mapping[str, Any],
+    frame_shape: Sequence[int],
+    compile_s: float | None = None,
+    static_frame_ms: float | None = None,
+    backend: str = "cpu",
+    timing: str = "interleaved",
+) -> dict[str, Any]:
+    """Build one metrics record (see the module docstring for the definitions).
+
+    Args:
+        model, video, method, variant: identification (``variant`` is the
+            method spec with its options, e.g. ``deepcache:psnr_threshold=25``).
+        latencies_ms, nocache_latencies_ms: per-frame step times, same frames.
+        outputs, reference: (T, ...) outputs of the method and of ``nocache``.
+        infos: per-frame step infos stacked along T (``flops_ratio``,
+            ``match_ratio``, ``refreshed``, ``reuse_fraction``).
+        layers: objects with ``name`` and ``flops``, matching ``reuse_fraction``.
+        total_flops: conv FLOPs of a full recompute.
+        cache_bytes: bytes of the final per-stream state.
+        config: the method's settings.
+        frame_shape: (H, W, 3).
+        compile_s: warm-up (compile) seconds.
+        static_frame_ms: median step time on a repeated frame, if measured.
+        backend: jax backend the timings come from.
+        timing: how methods were timed (``interleaved``: every method steps on a
+            frame before the next frame).
+    """
+    lat, ref_lat = latency_stats(latencies_ms), latency_stats(nocache_latencies_ms)
+    speedup = ref_lat["median"] / lat["median"]
+    flops_ratio = np.asarray(infos["flops_ratio"], np.float64)
+    ideal = 1.0 / max(float(flops_ratio.mean()), 1e-12)
+    outputs, reference = np.asarray(outputs, np.float64), np.asarray(reference, np.float64)
+    diff = outputs - reference
+    mse = float(np.mean(np.square(diff)))
+    var = float(np.var(reference))
+    refreshed = np.asarray(infos["refreshed"], bool).reshape(-1)
+    ratios = np.asarray(infos["match_ratio"], np.float64).reshape(-1)
+    considered = ratios[~refreshed] if (~refreshed).any() else ratios
+    considered = considered[np.isfinite(considered)]
+    reuse = np.asarray(infos["reuse_fraction"], np.float64).reshape(len(flops_ratio), -1)
+    per_layer = [
+        {
+            "name": lay.name,
+            "flops": int(lay.flops),
+            "reuse_fraction": float(reuse[:, i].mean()) if reuse.shape[1] else 0.0,
+        }
+        for i, lay in enumerate(layers)
+    ]
+    return {
+        "model": model,
+        "video": video,
+        "method": method,
+        "variant": variant,
+        "frames": int(len(latencies_ms)),
+        "frame_shape": [int(d) for d in frame_shape],
+        "latency_ms": lat,
+        "nocache_latency_ms": ref_lat,
+        "speedup": float(speedup),
+        "speedup_mean": float(ref_lat["mean"] / lat["mean"]),
+        "ideal_speedup": float(ideal),
+        "efficiency": float(speedup / ideal),
+        "top1_agreement": agreement(reference, outputs, 1),
+        "top5_agreement": agreement(reference, outputs, 5),
+        "output_mse": mse,
+        "output_rel_mse": float(mse / var) if var > 0 else None,
+        "match_ratio": _finite_or_none(float(considered.mean()) if considered.size else None),
+        "refreshes": int(refreshed.sum()),
+        "cache_bytes": int(cache_bytes),
+        "total_flops": int(total_flops),
+        "per_layer": per_layer,
+        "config": dict(config),
+        "compile_s": None if compile_s is None else float(compile_s),
+        "latency_refresh_ms": _median_or_none(np.asarray(latencies_ms)[refreshed]),
+        "latency_reuse_ms": _median_or_none(np.asarray(latencies_ms)[~refreshed]),
+        "static_frame_ms": None if static_frame_ms is None else float(static_frame_ms),
+        "backend": backend,
+        "timing": timing,
+    }
+
+
+def check_record(record: Mapping[str, Any], *, rtol: float = 1e-9) -> None:
+    """Raise ValueError when ``record`` lacks a key or is inconsistent.
+
+    Checks: every key of `RECORD_KEYS`; latencies positive with
+    ``median <= p90``; ``speedup`` equal to the ratio of the recorded medians,
+    ``efficiency`` to ``speedup / ideal_speedup``; ``ideal_speedup >= 1``;
+    fractions in [0, 1]; ``per_layer`` entries with name, FLOPs and reuse.
+    """
+    missing = [k for k in RECORD_KEYS if k not in record]
+    if missing:
+        raise ValueError(f"dcjax: record lacks {', '.join(missing)}")
+    for key in ("latency_ms", "nocache_latency_ms"):
+        lat = record[key]
+        if not (0 < lat["median"] <= lat["p90"] * (1 + rtol)):
+            raise ValueError(f"dcjax: record {key} is inconsistent: {lat}")
+    want = record["nocache_latency_ms"]["median"] / record["latency_ms"]["median"]
+    if not math.isclose(record["speedup"], want, rel_tol=rtol):
+        raise ValueError(f"dcjax: speedup {record['speedup']} != ratio of medians {want}")
+    want = record["nocache_latency_ms"]["mean"] / record["latency_ms"]["mean"]
+    if not math.isclose(record["speedup_mean"], want, rel_tol=rtol):
+        raise ValueError(f"dcjax: speedup_mean {record['speedup_mean']} != ratio of means {want}")
+    eff = record["speedup"] / record["ideal_speedup"]
+    if not math.isclose(record["efficiency"], eff, rel_tol=rtol):
+        raise ValueError(f"dcjax: efficiency {record['efficiency']} != speedup / ideal {eff}")
+    if record["ideal_speedup"] < 1 - 1e-6:
+        raise ValueError(f"dcjax: ideal_speedup {record['ideal_speedup']} < 1")
+    for key in ("top1_agreement", "top5_agreement", "match_ratio"):
+        v = record[key]
+        if v is not None and not 0 <= v <= 1:
+            raise ValueError(f"dcjax: {key} {v} outside [0, 1]")
+    if record["top1_agreement"] is not None and record["top5_agreement"] < record["top1_agreement"]:
+        raise ValueError("dcjax: top5_agreement < top1_agreement")
+    if not 0 <= record["refreshes"] <= record["frames"]:
+        raise ValueError(f"dcjax: refreshes {record['refreshes']} not in [0, frames]")
+    for layer in record["per_layer"]:
+        if set(layer) < {"name", "flops", "reuse_fraction"}:
+            raise ValueError(f"dcjax: per_layer entry {layer} lacks keys")
+        if not 0 <= layer["reuse_fraction"] <= 1:
+            raise ValueError(f"dcjax: per_layer reuse_fraction {layer} outside [0, 1]")

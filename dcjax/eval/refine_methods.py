@@ -1,0 +1,62 @@
+"""``deepcache+refine`` and ``delta`` methods for the evaluation harness.
+
+Registered in `dcjax.eval.methods` (imported at its bottom). Options: the
+`RefineConfig` fields (``delta``, ``metric``, ``layers``) and the `Config`
+fields.
+
+- ``deepcache+refine``: DeepCache's matcher and motion compensation, plus the
+  per-pixel change test inside the network (`dcjax.transforms.refine`).
+- ``delta``: the change test alone, with no input matcher and zero motion
+  (``matcher="none"``): a DeltaCNN-like baseline, so that the contribution of
+  each part shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dcjax.config import RefineConfig
+from dcjax.eval.methods import (
+    LayerFlops,
+    ModelSpec,
+    Runner,
+    config_dict,
+    deepcache_config,
+    register_method,
+    transform,
+)
+
+__all__: list[str] = []
+
+_REFINE_FIELDS = ("delta", "metric", "layers")
+
+
+def _runner(method: str, spec: ModelSpec, options: Mapping[str, Any], **defaults) -> Runner:
+    refine = {k: options[k] for k in _REFINE_FIELDS if k in options}
+    if isinstance(refine.get("layers"), list):
+        refine["layers"] = tuple(refine["layers"])
+    rest = {k: v for k, v in options.items() if k not in _REFINE_FIELDS}
+    cfg = deepcache_config(rest, refine=RefineConfig(**refine), **defaults)
+    cached = transform(spec, cfg)
+    return Runner(
+        method=method,
+        init=cached.init,
+        step=cached.step,
+        layers=tuple(LayerFlops(name=lay.name, flops=int(lay.flops)) for lay in cached.layers),
+        config=config_dict(cfg),
+        total_flops=int(cached.total_flops),
+        cached=cached,
+    )
+
+
+@register_method(
+    "deepcache+refine", "DeepCache plus the bounded-error change test inside the network"
+)
+def _deepcache_refine(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
+    return _runner("deepcache+refine", spec, options)
+
+
+@register_method("delta", "the change test alone: no matcher, zero motion (DeltaCNN-like)")
+def _delta(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
+    return _runner("delta", spec, options, matcher="none")

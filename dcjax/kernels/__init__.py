@@ -1,0 +1,43 @@
+"""Masked sparse-update convolution: recompute only what is not reusable.
+
+Public API:
+
+- `masked_conv`: the single entry point (``impl`` = "auto", "reference", "xla",
+  "pallas", "pallas_gpu", "pallas_tpu").
+- `plan` / `TilePlan`: the static tile plan of a layer (tile size, grid, bucket
+  capacities); `default_tile` is the tile-size rule.
+- `dirty_fraction`: fraction of output tiles that are dirty (work a perfect
+  sparse kernel does); `work_fraction`: fraction of the dense work the `xla`
+  kernel actually runs (its bucket capacity / tiles, 0 or 1).
+- `choose_impl`: what ``impl="auto"`` picks for a layer on a backend.
+
+Contract: ``out = masked_conv(x, w, reuse_mask, cached, ...)`` equals
+``lax.conv_general_dilated`` (NHWC input, HWIO weights) wherever ``reuse_mask``
+is false; where it is true, ``out`` is ``cached`` or the freshly computed value.
+Sparse implementations leave every clean output tile equal to ``cached`` bit for
+bit and spend no convolution work on it.
+"""
+
+from dcjax.kernels.auto import choose as choose_impl
+from dcjax.kernels.masked import IMPLS, masked_conv
+from dcjax.kernels.reference import conv, reference_masked_conv
+from dcjax.kernels.tiles import (
+    TilePlan,
+    default_tile,
+    dirty_fraction,
+    plan,
+    work_fraction,
+)
+
+__all__ = [
+    "IMPLS",
+    "TilePlan",
+    "choose_impl",
+    "conv",
+    "default_tile",
+    "dirty_fraction",
+    "masked_conv",
+    "plan",
+    "reference_masked_conv",
+    "work_fraction",
+]

@@ -1,0 +1,88 @@
+"""The measured choice behind ``masked_conv(impl="auto")``.
+
+Contract: `choose(plan, backend)` returns ``(impl, tile)``: a concrete
+implementation (never "auto" or "pallas") and a tile size or None for the
+`tiles.default_tile` rule. The choice depends only on static shapes, so it is
+made once at trace time.
+
+The table below was measured with::
+
+    python -m dcjax.kernels.bench                # cache donated (in-place update)
+    python -m dcjax.kernels.bench --no-donate    # every call also copies the cache
+    python -m dcjax.kernels.bench --tiles 2,3,4,5,7,8,11,14 --fractions 0.1,0.25
+
+on the 2-core CPU of the development machine (jax 0.10.2, XLA:CPU, shared with
+other jobs, so minima of interleaved runs were compared), keyed by layer class:
+
+- ``spatial`` (k > 1, groups = 1; AlexNet conv1, ResNet-50 3x3): `xla` is
+  2.7-4.3x faster than dense at 10 % dirty pixels, 1.65-2.3x at 25 %,
+  1.1-1.3x at 50 % and equal to dense at 100 % (dense fallback). Choice: ``xla``.
+- ``pointwise`` (1x1; ResNet-50 1x1, MobileNetV2 expansion): memory-bound. With
+  the cache donated `xla` is 2.3-2.5x faster at 10 %, 1.35-1.4x at 25 %, even
+  at 50-100 %. Without donation a copy of the cache (~0.25 ms per 3 MB) is
+  added to every call: ResNet 1x1 1.6x at 10 %, 1.17x at 25 %, 0.77x at 100 %;
+  the tiny MobileNetV2 expansion 1.18x at 10 %, 0.82x at 25 %, 0.64x at 100 %.
+  Choice: ``xla`` (the transform carries its caches as state through a jitted
+  step or a `lax.scan`, where the update is in place); a caller that cannot
+  donate may prefer ``"dense"`` for 1x1 layers.
+- ``grouped`` (groups > 1, depthwise included): XLA:CPU's grouped convolution is
+  slow (MobileNetV2 depthwise 3x3/2 on 112x112x96: ~9 ms dense; AlexNet conv2,
+  groups 2: ~9.5 ms); `xla` computes groups as separate convolutions and
+  depthwise as a sum of strided taps: 2.1x (conv2) and 15x (depthwise) faster
+  than dense even at 100 %, more below. Choice: ``xla``.
+
+(Speedups are ratios of minima over 40 interleaved runs, cache donated unless
+said; the machine was shared with other jobs, so medians were noisy.)
+
+Tile: the `tiles.default_tile` rule (4x4 at these sizes) was fastest or within
+noise in the tile sweep, so the table leaves it to the rule.
+
+Small layers: the sparse path has a fixed cost per call (the mask reduction,
+``nonzero``, the ``cond``; about 0.06-0.15 ms on this CPU) while XLA:CPU runs
+dense convolutions at roughly 100-150 GFLOP/s, so a layer whose whole dense
+convolution is under `SMALL_LAYER_FLOPS` (about 0.3 ms) cannot save more than
+it spends: ``"dense"`` (the fast grouped path included). Measured end to end on
+pretrained EfficientNet-Lite0 over vtest (most of its 49 convolutions are small)
+with ``dcjax bench --models efficientnet_lite0``.
+
+GPU and TPU: no accelerator was lent to this task, so nothing was measured;
+they get the portable ``xla`` kernel. Run the bench command on the device (it
+also times ``pallas``) and add rows here.
+"""
+
+from __future__ import annotations
+
+from dcjax.kernels.tiles import TilePlan
+
+__all__ = ["SMALL_LAYER_FLOPS", "TABLE", "choose", "layer_class"]
+
+#: Layers with fewer dense FLOPs than this run dense on CPU (see above).
+SMALL_LAYER_FLOPS = 40e6
+
+#: (backend, layer class) -> (impl, tile or None). Missing rows fall back to "xla".
+TABLE: dict[tuple[str, str], tuple[str, tuple[int, int] | None]] = {
+    ("cpu", "spatial"): ("xla", None),
+    ("cpu", "pointwise"): ("xla", None),
+    ("cpu", "grouped"): ("xla", None),
+}
+
+
+def layer_class(p: TilePlan) -> str:
+    """ "pointwise", "grouped" or "spatial" (see the module docstring)."""
+    if p.groups > 1:
+        return "grouped"
+    if p.kh * p.kw == 1:
+        return "pointwise"
+    return "spatial"
+
+
+def choose(p: TilePlan, backend: str) -> tuple[str, tuple[int, int] | None]:
+    """(impl, tile or None) for a layer on a backend ("cpu", "gpu", "tpu")."""
+    if backend == "cpu" and dense_flops(p) < SMALL_LAYER_FLOPS:
+        return "dense", None
+    return TABLE.get((backend, layer_class(p)), ("xla", None))
+
+
+def dense_flops(p: TilePlan) -> float:
+    """2 x multiply-adds of the whole convolution."""
+    return 2.0 * p.n * p.ho * p.wo * p.cout * p.kh * p.kw * (p.cin // p.groups)

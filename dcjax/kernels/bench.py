@@ -1,0 +1,282 @@
+"""Benchmark of `masked_conv` against the dense convolution: ``python -m dcjax.kernels.bench``.
+
+For representative layers (AlexNet conv1 and conv2, ResNet-50 3x3 and 1x1,
+MobileNetV2 depthwise and pointwise) and dirty fractions 0 to 100 %, with
+blocky masks like a block matcher produces (one contiguous blob of 10x10-pixel
+matcher blocks, seen at the layer's resolution), it times the dense
+`lax.conv_general_dilated` and each implementation (medians of interleaved
+runs after warm-up), and reports ideal = dense x pixel dirty fraction and
+efficiency = ideal / measured. Results go to ``bench-results/kernels.json`` and
+a printed table. Pallas kernels are timed only on GPU or TPU backends
+(on CPU they run only in interpret mode, which is not a timing).
+
+``--tiles`` sweeps tile sizes for the `xla` implementation (used to set the
+tile-size rule); ``--layers`` and ``--fractions`` select a subset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dcjax.kernels import auto as _auto
+from dcjax.kernels import tiles as _tiles
+from dcjax.kernels.masked import masked_conv
+from dcjax.kernels.reference import conv
+
+__all__ = ["LAYERS", "blocky_mask", "main", "run"]
+
+#: name -> (H, W, Cin, Cout, k, stride, groups, padding, total input stride of the layer)
+LAYERS: dict[str, tuple] = {
+    "alexnet_conv1": (227, 227, 3, 96, 11, 4, 1, "VALID", 1),
+    "alexnet_conv2": (27, 27, 96, 256, 5, 1, 2, ((2, 2), (2, 2)), 8),
+    "resnet50_3x3": (56, 56, 64, 64, 3, 1, 1, ((1, 1), (1, 1)), 4),
+    "resnet50_1x1": (56, 56, 64, 256, 1, 1, 1, "VALID", 4),
+    "mbv2_dw_s2": (112, 112, 96, 96, 3, 2, 96, ((0, 1), (0, 1)), 2),
+    "mbv2_pw_expand": (56, 56, 24, 144, 1, 1, 1, "VALID", 4),
+}
+FRACTIONS = (0.0, 0.05, 0.10, 0.25, 0.50, 0.75, 1.0)
+
+
+def blocky_mask(shape: tuple[int, int], fraction: float, block: int, seed: int = 0) -> np.ndarray:
+    """Reuse mask (H, W): false on one contiguous elliptic blob of blocks.
+
+    The map is cut into ``block x block`` pixel blocks (the matcher's 10x10 input
+    blocks seen at the layer's stride); the ``round(fraction * blocks)`` blocks
+    nearest a random centre (anisotropic distance) are dirty.
+    """
+    h, w = shape
+    gy, gx = math.ceil(h / block), math.ceil(w / block)
+    rng = np.random.default_rng(seed)
+    cy, cx = rng.uniform(0, gy), rng.uniform(0, gx)
+    ay = rng.uniform(0.6, 1.6)
+    yy, xx = np.meshgrid(np.arange(gy) + 0.5, np.arange(gx) + 0.5, indexing="ij")
+    dist = ((yy - cy) * ay) ** 2 + (xx - cx) ** 2 + rng.uniform(0, 1e-3, (gy, gx))
+    k = round(fraction * gy * gx)
+    dirty = np.zeros(gy * gx, bool)
+    dirty[np.argsort(dist.reshape(-1))[:k]] = True
+    dirty = dirty.reshape(gy, gx).repeat(block, 0).repeat(block, 1)[:h, :w]
+    return ~dirty
+
+
+def _time_interleaved(
+    fns: Sequence[tuple[Callable[[], tuple], Callable[..., jax.Array]]], reps: int
+) -> list[tuple[float, float]]:
+    """(median, min) ms of each ``call(*prepare())``; ``prepare`` is not timed."""
+    for prepare, call in fns:
+        for _ in range(3):
+            jax.block_until_ready(call(*prepare()))
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(reps):
+        for i, (prepare, call) in enumerate(fns):
+            args = jax.block_until_ready(prepare())
+            t0 = time.perf_counter()
+            jax.block_until_ready(call(*args))
+            times[i].append(time.perf_counter() - t0)
+    return [(statistics.median(t) * 1e3, min(t) * 1e3) for t in times]
+
+
+def run(
+    layers: Sequence[str],
+    fractions: Sequence[float],
+    impls: Sequence[str],
+    reps: int = 30,
+    tiles: Sequence[tuple[int, int] | None] = (None,),
+    batch: int = 1,
+    seed: int = 0,
+    donate: bool = True,
+) -> list[dict]:
+    """Time every (layer, fraction, impl, tile); returns one record per combination.
+
+    With ``donate`` the cache buffer is donated to the call (a fresh copy is made
+    before each timed call, untimed), as in a jitted step that carries its
+    caches in donated state or a `lax.scan`: the kernel then updates the cache
+    in place. Without it every call also copies the whole cache.
+    """
+    rng = np.random.default_rng(seed)
+    records = []
+    backend = jax.default_backend()
+    for name in layers:
+        h, w_, cin, cout, k, s, g, pad, total_stride = LAYERS[name]
+        x = jnp.asarray(rng.normal(size=(batch, h, w_, cin)), jnp.float32)
+        w = jnp.asarray(rng.normal(size=(k, k, cin // g, cout)) / k, jnp.float32)
+        kw = dict(strides=(s, s), padding=pad, groups=g)
+        with jax.default_matmul_precision("highest"):
+            dense_fn = jax.jit(lambda x, w, kw=kw: conv(x, w, **kw))
+            cached = dense_fn(x, w)
+        _, ho, wo, _ = cached.shape
+        block = max(1, round(10 / (total_stride * s)))
+        compiled = {}
+        for impl in impls:
+            for t in tiles:
+                with jax.default_matmul_precision("highest"):
+                    compiled[(impl, t)] = jax.jit(
+                        lambda x, w, m, c, impl=impl, t=t, kw=kw: masked_conv(
+                            x, w, m, c, impl=impl, tile=t, **kw
+                        ),
+                        donate_argnums=(3,) if donate else (),
+                    )
+        for frac in fractions:
+            m = np.stack([blocky_mask((ho, wo), frac, block, seed + i) for i in range(batch)])
+            mask = jnp.asarray(m)
+            pix = float((~m).mean())
+            keys = list(compiled)
+
+            def prepare(a=(x, w, mask, cached)):
+                if not donate:
+                    return a
+                return (*a[:3], jnp.array(a[3], copy=True))
+
+            fns = [(lambda a=(x, w): a, dense_fn)] + [(prepare, compiled[key]) for key in keys]
+            times = _time_interleaved(fns, reps)
+            dense_ms, dense_min = times[0]
+            for key, (t_ms, t_min) in zip(keys, times[1:], strict=True):
+                impl, t = key
+                p = _tiles.plan(x.shape, w.shape, tile=t, **kw)
+                auto_impl = _auto.choose(p, backend)[0]
+                if impl == "auto":
+                    impl = "auto:" + auto_impl
+                ideal = dense_ms * pix
+                rec = dict(
+                    backend=backend,
+                    layer=name,
+                    batch=batch,
+                    fraction=frac,
+                    pixel_dirty=pix,
+                    tile_dirty=float(_tiles.dirty_fraction(mask, p=p)),
+                    work=1.0 if impl == "auto:dense" else float(_tiles.work_fraction(mask, p)),
+                    impl=impl,
+                    donated=donate,
+                    auto=auto_impl,
+                    tile=[p.th, p.tw],
+                    dense_ms=dense_ms,
+                    ms=t_ms,
+                    ideal_ms=ideal,
+                    speedup=dense_ms / t_ms,
+                    efficiency=(ideal / t_ms) if pix > 0 else float("nan"),
+                    dense_ms_min=dense_min,
+                    ms_min=t_min,
+                    speedup_min=dense_min / t_min,
+                    efficiency_min=(dense_min * pix / t_min) if pix > 0 else float("nan"),
+                )
+                records.append(rec)
+    return records
+
+
+def _table(records: list[dict]) -> str:
+    head = (
+        f"{'layer':<15}{'impl':<11}{'tile':>6}{'dirty%':>7}{'tiles%':>7}{'work%':>6}"
+        f"{'dense ms':>9}{'ms':>8}{'ideal':>8}{'speedup':>8}{'eff':>6}"
+        f"{'| min: dense':>12}{'ms':>8}{'speedup':>8}{'eff':>6}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in records:
+        eff, eff_min = r["efficiency"], r["efficiency_min"]
+        lines.append(
+            f"{r['layer']:<15}{r['impl']:<11}{r['tile'][0]:>3}x{r['tile'][1]:<2}"
+            f"{100 * r['pixel_dirty']:>7.1f}{100 * r['tile_dirty']:>7.1f}{100 * r['work']:>6.0f}"
+            f"{r['dense_ms']:>9.3f}{r['ms']:>8.3f}{r['ideal_ms']:>8.3f}"
+            f"{r['speedup']:>8.2f}{'' if eff != eff else f'{eff:.2f}':>6}"
+            f"{r['dense_ms_min']:>12.3f}{r['ms_min']:>8.3f}{r['speedup_min']:>8.2f}"
+            f"{'' if eff_min != eff_min else f'{eff_min:.2f}':>6}"
+        )
+    return "\n".join(lines)
+
+
+def _targets(records: list[dict]) -> str:
+    """The issue's CPU targets per (layer, impl), from medians and from minima."""
+    lines = [
+        "targets: speedup at 25 % >= 2.5 | efficiency >= 0.7 for 10-50 % | "
+        "at 100 % <= 5 % slower (slowdown <= 1.05)",
+        f"{'layer':<15}{'impl':<11}{'tile':>6}{'auto':>6}{'x@25% med/min':>15}"
+        f"{'eff10-50 med/min':>18}{'slow@100 med/min':>18}",
+    ]
+    keys = sorted({(r["layer"], r["impl"], tuple(r["tile"])) for r in records})
+    for layer, impl, tile in keys:
+        rs = [
+            r for r in records if (r["layer"], r["impl"], tuple(r["tile"])) == (layer, impl, tile)
+        ]
+        by = {round(r["fraction"], 2): r for r in rs}
+        mid = [by[f] for f in (0.1, 0.25, 0.5) if f in by]
+
+        def fmt(a: float, b: float, ok: bool) -> str:
+            return f"{a:.2f}/{b:.2f} {'ok' if ok else 'MISS'}"
+
+        s25 = (
+            fmt(by[0.25]["speedup"], by[0.25]["speedup_min"], by[0.25]["speedup_min"] >= 2.5)
+            if 0.25 in by
+            else "-"
+        )
+        if mid:
+            e_med = min(r["efficiency"] for r in mid)
+            e_min = min(r["efficiency_min"] for r in mid)
+            eff = fmt(e_med, e_min, e_min >= 0.7)
+        else:
+            eff = "-"
+        if 1.0 in by:
+            sl_med, sl_min = 1 / by[1.0]["speedup"], 1 / by[1.0]["speedup_min"]
+            slow = fmt(sl_med, sl_min, sl_min <= 1.05)
+        else:
+            slow = "-"
+        auto = rs[0].get("auto", "")
+        lines.append(
+            f"{layer:<15}{impl:<11}{tile[0]:>3}x{tile[1]:<2}{auto:>6}{s25:>15}{eff:>18}{slow:>18}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command-line entry point."""
+    ap = argparse.ArgumentParser(prog="python -m dcjax.kernels.bench", description=__doc__)
+    ap.add_argument("--layers", default=",".join(LAYERS))
+    ap.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS))
+    ap.add_argument("--impls", default=None, help="comma list; default xla (+pallas off CPU)")
+    ap.add_argument("--tiles", default=None, help="comma list of square tile sides to sweep")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--out", default="bench-results/kernels.json")
+    ap.add_argument(
+        "--no-donate",
+        action="store_true",
+        help="do not donate the cache buffer (every call then also copies the cache)",
+    )
+    args = ap.parse_args(argv)
+    impls = (
+        args.impls.split(",")
+        if args.impls
+        else (["xla"] if jax.default_backend() == "cpu" else ["xla", "pallas"])
+    )
+    tiles = [None] if not args.tiles else [(int(t), int(t)) for t in args.tiles.split(",")]
+    records = run(
+        args.layers.split(","),
+        [float(f) for f in args.fractions.split(",")],
+        impls,
+        reps=args.reps,
+        tiles=tiles,
+        batch=args.batch,
+        donate=not args.no_donate,
+    )
+    print(
+        f"backend {jax.default_backend()}, devices {jax.devices()}, cache donated: "
+        f"{not args.no_donate}, times in ms (median and min of {args.reps} interleaved runs)"
+    )
+    print(_table(records))
+    print()
+    print(_targets(records))
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"jax": jax.__version__, "records": records}, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

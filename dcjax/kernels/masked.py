@@ -1,0 +1,124 @@
+"""`masked_conv`: the single entry point of the sparse-update convolution kernels.
+
+Contract: ``out = masked_conv(x, w, reuse_mask, cached, ...)`` equals
+``lax.conv_general_dilated`` (NHWC input, HWIO weights, same dtype, fp
+tolerance) wherever ``reuse_mask`` is false; where it is true, ``out`` is
+``cached`` or the freshly computed value. With a sparse implementation every
+output tile without a false pixel (see `dcjax.kernels.tiles`) is ``cached``
+bit for bit and costs no convolution work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from dcjax.kernels import auto as _auto
+from dcjax.kernels import tiles as _tiles
+from dcjax.kernels.reference import reference_masked_conv
+from dcjax.kernels.xla import dense_conv, xla_masked_conv
+
+__all__ = ["IMPLS", "masked_conv"]
+
+#: Accepted values of ``impl``.
+IMPLS = ("auto", "reference", "dense", "xla", "pallas", "pallas_gpu", "pallas_tpu")
+
+
+def masked_conv(
+    x: jax.Array,
+    w: jax.Array,
+    reuse_mask: jax.Array,
+    cached: jax.Array,
+    *,
+    strides: Sequence[int],
+    padding: Sequence[tuple[int, int]] | str,
+    dilation: Sequence[int] = (1, 1),
+    groups: int = 1,
+    impl: str = "auto",
+    tile: tuple[int, int] | None = None,
+    interpret: bool = False,
+) -> jax.Array:
+    """Convolution that recomputes only the output tiles holding non-reusable pixels.
+
+    Args:
+        x: (N, H, W, Cin) input.
+        w: (kh, kw, Cin / groups, Cout) weights (HWIO).
+        reuse_mask: bool (N, Ho, Wo); true where ``cached`` may be used.
+        cached: (N, Ho, Wo, Cout) previous output, already shifted to the
+            current frame.
+        strides: (sy, sx) window strides.
+        padding: "SAME", "VALID" or ((lo, hi), (lo, hi)).
+        dilation: (dy, dx) kernel (rhs) dilation.
+        groups: feature groups (``Cin`` for depthwise).
+        impl: ``"reference"`` (dense conv then select, the oracle), ``"dense"``
+            (the dense convolution alone: every pixel fresh, which the contract
+            allows; an option for 1x1 layers when the cache cannot be donated),
+            ``"xla"``
+            (tile gather, batched conv, scatter; any backend), ``"pallas"`` (the
+            Pallas kernel of the current backend: ``"pallas_tpu"`` on TPU,
+            ``"pallas_gpu"`` otherwise), or ``"auto"`` (the measured fastest for
+            this backend and layer, see `dcjax.kernels.auto`).
+        tile: (th, tw) output tile; the per-layer rule `tiles.default_tile`
+            (or the auto table's entry) when None.
+        interpret: run Pallas kernels in interpret mode (needed on CPU).
+
+    Returns:
+        (N, Ho, Wo, Cout) output, dtype of ``lax.conv_general_dilated``.
+
+    Raises:
+        ValueError: unknown ``impl`` or inconsistent shapes.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"dcjax: masked_conv impl must be one of {IMPLS}, got {impl!r}")
+    reuse_mask = jnp.asarray(reuse_mask).astype(bool)
+    p = _tiles.plan(
+        x.shape,
+        w.shape,
+        strides=strides,
+        padding=padding,
+        dilation=dilation,
+        groups=groups,
+        tile=tile,
+    )
+    if reuse_mask.shape != (p.n, p.ho, p.wo):
+        raise ValueError(
+            f"dcjax: masked_conv reuse_mask has shape {reuse_mask.shape} but the convolution "
+            f"output is {(p.n, p.ho, p.wo, p.cout)}; pass a bool (N, Ho, Wo) mask"
+        )
+    if cached.shape != (p.n, p.ho, p.wo, p.cout):
+        raise ValueError(
+            f"dcjax: masked_conv cached has shape {cached.shape} but the convolution output "
+            f"is {(p.n, p.ho, p.wo, p.cout)}; pass the previous output shifted to this frame"
+        )
+    kwargs = dict(strides=strides, padding=padding, dilation=dilation, groups=groups)
+    if impl == "auto":
+        impl, auto_tile = _auto.choose(p, jax.default_backend())
+        if tile is None and auto_tile is not None:
+            tile = auto_tile
+    if impl == "reference":
+        return reference_masked_conv(x, w, reuse_mask, cached, **kwargs)
+    if impl == "dense":
+        return dense_conv(x, w, p)
+    if impl == "xla":
+        return xla_masked_conv(x, w, reuse_mask, cached, tile=tile, **kwargs)
+    if impl == "pallas":
+        impl = "pallas_tpu" if jax.default_backend() == "tpu" else "pallas_gpu"
+    if not interpret and jax.default_backend() != {"pallas_gpu": "gpu", "pallas_tpu": "tpu"}[impl]:
+        raise ValueError(
+            f"dcjax: masked_conv impl={impl!r} compiles only on "
+            f"{impl.removeprefix('pallas_').upper()}, but the default backend is "
+            f"{jax.default_backend()!r}; pass interpret=True to run it in interpret mode"
+        )
+    if impl == "pallas_gpu":
+        from dcjax.kernels.pallas_gpu import pallas_gpu_masked_conv
+
+        return pallas_gpu_masked_conv(
+            x, w, reuse_mask, cached, tile=tile, interpret=interpret, **kwargs
+        )
+    from dcjax.kernels.pallas_tpu import pallas_tpu_masked_conv
+
+    return pallas_tpu_masked_conv(
+        x, w, reuse_mask, cached, tile=tile, interpret=interpret, **kwargs
+    )

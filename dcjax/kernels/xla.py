@@ -1,0 +1,258 @@
+"""XLA masked convolution: gather dirty tiles, one batched convolution, scatter.
+
+Contract (see `dcjax.kernels.tiles` for the tile plan): the output equals
+``lax.conv_general_dilated`` on every pixel of every dirty tile (so on every
+pixel whose reuse flag is false) and equals ``cached`` bit for bit on every
+pixel that no computed tile covers. The number of dirty tiles, pooled over the
+batch, decides (`tiles.schedule`):
+
+- more than ``dense_fraction`` of the tiles dirty: the dense convolution (one
+  `lax.cond`), every pixel fresh;
+- otherwise the dirty tiles are listed (``jnp.nonzero`` with a static size) and a
+  `lax.fori_loop` with a dynamic trip count runs ``ceil(n_dirty / chunk)``
+  steps; each step gathers the input windows (tile plus halo) of ``chunk``
+  tiles from the padded input, runs one VALID convolution over that batch of
+  windows and scatters the tiles into the output, which starts as ``cached``
+  (updated in place when the caller donates the cache buffer, e.g. a jitted
+  step with donated state or a `lax.scan` carry; otherwise XLA copies the
+  cache once). No dirty tile: zero steps, the output is ``cached``.
+
+The static capacities are thus every multiple of ``chunk`` (rather than a few
+`lax.switch` buckets): one compiled body, and on XLA:CPU the switch version
+paid two or three extra copies of the whole output in the conditional's
+buffer handling, which cost as much as the convolution on 1x1 layers.
+
+Batched streams: the tiles of all N images are pooled into one list, so one
+schedule (one cond, one loop) serves the batch. Under `jax.vmap`, a custom
+batching rule folds the mapped axis into N instead of letting vmap turn the
+cond into a select that runs both paths (per-stream weights, which cannot be
+pooled, fall back to the dense reference per stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from dcjax.kernels import tiles as _tiles
+from dcjax.kernels.reference import DIMENSION_NUMBERS, conv
+
+__all__ = ["gather_windows", "scatter_tiles", "valid_conv", "xla_masked_conv"]
+
+
+def gather_windows(xp: jax.Array, origins: jax.Array, p: _tiles.TilePlan) -> jax.Array:
+    """Input windows (capacity, win_h, win_w, Cin) of the tiles at ``origins``.
+
+    Args:
+        xp: input padded by `tiles.pad_input`.
+        origins: int32 (capacity, 3) rows (n, oy, ox) of output tile origins.
+        p: the plan.
+    """
+    sy, sx = p.strides
+    starts = jnp.stack(
+        [origins[:, 0], origins[:, 1] * sy, origins[:, 2] * sx, jnp.zeros_like(origins[:, 0])],
+        axis=1,
+    )
+    dnums = lax.GatherDimensionNumbers(
+        offset_dims=(1, 2, 3),
+        collapsed_slice_dims=(0,),
+        start_index_map=(0, 1, 2, 3),
+    )
+    return lax.gather(
+        xp,
+        starts,
+        dnums,
+        slice_sizes=(1, p.win_h, p.win_w, p.cin),
+        mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS,
+    )
+
+
+def scatter_tiles(out: jax.Array, origins: jax.Array, values: jax.Array) -> jax.Array:
+    """Write tiles (capacity, th, tw, Cout) into ``out`` at ``origins`` (n, oy, ox)."""
+    starts = jnp.concatenate([origins, jnp.zeros_like(origins[:, :1])], axis=1)
+    dnums = lax.ScatterDimensionNumbers(
+        update_window_dims=(1, 2, 3),
+        inserted_window_dims=(0,),
+        scatter_dims_to_operand_dims=(0, 1, 2, 3),
+    )
+    return lax.scatter(
+        out,
+        starts,
+        values.astype(out.dtype),
+        dnums,
+        indices_are_sorted=True,
+        unique_indices=False,
+        mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS,
+    )
+
+
+def valid_conv(x: jax.Array, w: jax.Array, p: _tiles.TilePlan, fast: bool) -> jax.Array:
+    """VALID convolution of ``x`` with the plan's strides, dilation and groups.
+
+    With ``fast`` (used on CPU, where XLA's grouped convolution is slow) grouped
+    convolutions are rewritten: depthwise ones (one input channel per group) as
+    a sum over kernel taps of strided slices times per-channel weights, other
+    grouped ones as one convolution per group, concatenated. Same result as
+    `lax.conv_general_dilated` up to fp rounding.
+    """
+    g = p.groups
+    cig = w.shape[2]
+    if fast and g > 1 and cig == 1:
+        mult = p.cout // g
+        if mult > 1:
+            x = jnp.repeat(x, mult, axis=-1)
+        (sy, sx), (dy, dx) = p.strides, p.dilation
+        n, hh, ww, c = x.shape
+        oh = (hh - (p.kh - 1) * dy - 1) // sy + 1
+        ow = (ww - (p.kw - 1) * dx - 1) // sx + 1
+        out_dtype = jnp.result_type(x.dtype, w.dtype)
+        acc = None
+        for ky in range(p.kh):
+            for kx in range(p.kw):
+                sl = lax.slice(
+                    x,
+                    (0, ky * dy, kx * dx, 0),
+                    (n, ky * dy + (oh - 1) * sy + 1, kx * dx + (ow - 1) * sx + 1, c),
+                    (1, sy, sx, 1),
+                )
+                term = sl.astype(out_dtype) * w[ky, kx, 0].astype(out_dtype)
+                acc = term if acc is None else acc + term
+        return acc
+    if fast and g > 1:
+        cog = p.cout // g
+        parts = [
+            lax.conv_general_dilated(
+                x[..., i * cig : (i + 1) * cig],
+                w[..., i * cog : (i + 1) * cog],
+                window_strides=p.strides,
+                padding="VALID",
+                rhs_dilation=p.dilation,
+                dimension_numbers=DIMENSION_NUMBERS,
+            )
+            for i in range(g)
+        ]
+        return jnp.concatenate(parts, axis=-1)
+    return lax.conv_general_dilated(
+        x,
+        w,
+        window_strides=p.strides,
+        padding="VALID",
+        rhs_dilation=p.dilation,
+        dimension_numbers=DIMENSION_NUMBERS,
+        feature_group_count=g,
+    )
+
+
+def dense_conv(x: jax.Array, w: jax.Array, p: _tiles.TilePlan) -> jax.Array:
+    """The whole convolution, with the fast grouped path on CPU (see `valid_conv`)."""
+    out_dtype = jnp.result_type(x.dtype, w.dtype)
+    if jax.default_backend() == "cpu" and p.groups > 1:
+        return valid_conv(_tiles.pad_input(x, p), w, p, True).astype(out_dtype)
+    return lax.conv_general_dilated(
+        x,
+        w,
+        window_strides=p.strides,
+        padding=p.pads,
+        rhs_dilation=p.dilation,
+        dimension_numbers=DIMENSION_NUMBERS,
+        feature_group_count=p.groups,
+    ).astype(out_dtype)
+
+
+def _masked_conv_unbatched(
+    x: jax.Array, w: jax.Array, reuse_mask: jax.Array, cached: jax.Array, p: _tiles.TilePlan
+) -> jax.Array:
+    fast = jax.default_backend() == "cpu"
+    out_dtype = jnp.result_type(x.dtype, w.dtype)
+    dirty = _tiles.tile_dirty(reuse_mask, p)
+    use_dense, chunks = _tiles.schedule(dirty.sum(), p)
+
+    def dense(x, w, dirty, cached):
+        return dense_conv(x, w, p)
+
+    def sparse(x, w, dirty, cached):
+        xp = _tiles.pad_input(x, p)
+        origins = _tiles.dirty_tile_list(dirty, p, p.max_chunks * p.chunk)
+
+        def step(i, out):
+            o = lax.dynamic_slice_in_dim(origins, i * p.chunk, p.chunk)
+            fresh = valid_conv(gather_windows(xp, o, p), w, p, fast)
+            return scatter_tiles(out, o, fresh)
+
+        return lax.fori_loop(0, chunks, step, cached.astype(out_dtype))
+
+    return lax.cond(use_dense, dense, sparse, x, w, dirty, cached)
+
+
+def xla_masked_conv(
+    x: jax.Array,
+    w: jax.Array,
+    reuse_mask: jax.Array,
+    cached: jax.Array,
+    *,
+    strides: Sequence[int],
+    padding: Sequence[tuple[int, int]] | str,
+    dilation: Sequence[int] = (1, 1),
+    groups: int = 1,
+    tile: tuple[int, int] | None = None,
+    p: _tiles.TilePlan | None = None,
+) -> jax.Array:
+    """Sparse masked convolution by tile gather, batched conv and scatter.
+
+    Args:
+        x, w, reuse_mask, cached, strides, padding, dilation, groups, tile: as in
+            `dcjax.kernels.masked_conv`.
+        p: a precomputed plan (overrides ``tile``).
+
+    Returns:
+        (N, Ho, Wo, Cout) output.
+
+    Inference only: the custom batching rule defines no derivative.
+    """
+    strides, dilation = tuple(strides), tuple(dilation)
+    pad_arg = padding if isinstance(padding, str) else tuple(map(tuple, padding))
+
+    @jax.custom_batching.custom_vmap
+    def run(x, w, reuse_mask, cached):
+        if p is not None and p.n == x.shape[0]:
+            q = p
+        else:  # no plan, or a batch folded in by vmap: same tile, new tile count
+            q = _tiles.plan(
+                x.shape,
+                w.shape,
+                strides=strides,
+                padding=pad_arg,
+                dilation=dilation,
+                groups=groups,
+                tile=(p.th, p.tw) if p is not None else tile,
+            )
+        return _masked_conv_unbatched(x, w, reuse_mask, cached, q)
+
+    @run.def_vmap
+    def _run_vmap(axis_size, in_batched, x, w, reuse_mask, cached):
+        x_b, w_b, m_b, c_b = in_batched
+        if w_b:
+            # Per-stream weights: no pooling possible; compute densely per stream.
+            def one(x, w, m, c):
+                return jnp.where(
+                    m[..., None],
+                    c.astype(jnp.result_type(x.dtype, w.dtype)),
+                    conv(x, w, strides=strides, padding=pad_arg, dilation=dilation, groups=groups),
+                )
+
+            axes = tuple(0 if b else None for b in in_batched)
+            return jax.vmap(one, in_axes=axes)(x, w, reuse_mask, cached), True
+
+        def fold(a, batched):
+            if not batched:
+                a = jnp.broadcast_to(a, (axis_size, *a.shape))
+            return a.reshape((axis_size * a.shape[1], *a.shape[2:]))
+
+        n = (x if x_b else reuse_mask if m_b else cached).shape[1]
+        out = run(fold(x, x_b), w, fold(reuse_mask, m_b), fold(cached, c_b))
+        return out.reshape((axis_size, n, *out.shape[1:])), True
+
+    return run(x, w, reuse_mask, cached)

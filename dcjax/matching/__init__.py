@@ -1,0 +1,111 @@
+"""Block matchers on frames: what of the previous frame the current one can reuse.
+
+Every matcher returns a `Match` (DESIGN.md, "The contract" 1): the global motion
+``(dy, dx)`` with ``cur[y, x] ~ prev[y + dy, x + dx]``, a boolean (H, W) reuse
+mask that is true only where that holds and ``(y + dy, x + dx)`` lies inside the
+frame, and per-block diagnostics. All matchers are jittable with static shapes,
+vectorised over blocks and vmappable over streams.
+
+- `match`: DeepCache Section 4 with ``search`` in ``"none"`` (same-position
+  blocks, `static_match`), ``"diamond"``, ``"three_step"`` or ``"exhaustive"``.
+- `histogram_match`: DeepMon Section 6.3 (same-position colour histograms).
+- `rectangles`: the merged rectangles of Step 5, on the host.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from dcjax.matching.block import (
+    DEFAULT_MAX_STEPS,
+    DEFAULT_SEARCH_RANGE,
+    SEARCHES,
+    block_match,
+)
+from dcjax.matching.histogram import histogram_distances, histogram_match
+from dcjax.matching.rectangles import rectangles
+from dcjax.matching.static import static_match
+from dcjax.matching.types import Match
+
+__all__ = [
+    "DEFAULT_MAX_STEPS",
+    "DEFAULT_SEARCH_RANGE",
+    "MATCH_SEARCHES",
+    "Match",
+    "block_match",
+    "histogram_distances",
+    "histogram_match",
+    "match",
+    "rectangles",
+    "static_match",
+]
+
+MATCH_SEARCHES = ("none", *SEARCHES)
+
+
+def match(
+    prev: jax.Array,
+    cur: jax.Array,
+    *,
+    block_size: int = 10,
+    psnr_threshold: float = 20.0,
+    search: str = "diamond",
+    max_steps: int = DEFAULT_MAX_STEPS,
+    k_skip: int = 1,
+    reuse_scores: bool = True,
+    init_motion=(0, 0),
+    color: str = "luma",
+    data_range: float | None = None,
+    search_range: int = DEFAULT_SEARCH_RANGE,
+) -> Match:
+    """Match ``cur`` against ``prev`` (DeepCache Section 4).
+
+    Args:
+        prev: (H, W, C) previous frame, uint8 or float.
+        cur: (H, W, C) current frame, same shape and dtype.
+        block_size: side of the square blocks in pixels.
+        psnr_threshold: a block is reusable when its PSNR (dB) at the global
+            motion is larger than this; ``inf`` reuses nothing.
+        search: ``"none"`` (same-position blocks, motion (0, 0)),
+            ``"diamond"``, ``"three_step"`` or ``"exhaustive"``.
+        max_steps: most large-diamond moves of the diamond search.
+        k_skip: Step 2 searches only every ``k_skip``-th block row and column.
+        reuse_scores: Step 4 reuses the SSDs Step 2 computed at the global
+            motion.
+        init_motion: ``(dy, dx)`` the searches start from (the previous
+            frame's motion); a tuple or a traced int32 (2,) array.
+        color: ``"luma"`` or ``"rgb"``: the planes PSNR is computed on.
+        data_range: peak value for PSNR; default 255 (integer) or 1.0 (float).
+        search_range: largest ``|dy|`` and ``|dx|`` searched.
+
+    Returns:
+        The `Match`.
+
+    Raises:
+        ValueError: for an unknown ``search`` or a bad argument, naming it.
+    """
+    if search == "none":
+        return static_match(
+            prev,
+            cur,
+            block_size=block_size,
+            psnr_threshold=psnr_threshold,
+            color=color,
+            data_range=data_range,
+        )
+    if search not in SEARCHES:
+        raise ValueError(f"dcjax: unknown search {search!r}; expected one of {MATCH_SEARCHES}")
+    return block_match(
+        prev,
+        cur,
+        block_size=block_size,
+        psnr_threshold=psnr_threshold,
+        search=search,
+        max_steps=max_steps,
+        k_skip=k_skip,
+        reuse_scores=reuse_scores,
+        init_motion=init_motion,
+        color=color,
+        data_range=data_range,
+        search_range=search_range,
+    )

@@ -1,0 +1,335 @@
+"""Block matching with a motion search: DeepCache Section 4, Steps 1-4.
+
+Contract (DESIGN.md, "The contract" 1). Given the previous and the current
+frame, both (H, W, C):
+
+1. **Grid.** The current frame is cut into ``block_size`` blocks; edge blocks
+   are smaller when the size does not divide the frame.
+2. **Search.** Every ``k_skip``-th block row and column (``k_skip=1``: all
+   blocks) searches the previous frame for its best vector ``(dy, dx)``
+   (``cur[y, x] ~ prev[y + dy, x + dx]``), ``|dy|, |dx| <= search_range``, by
+   ``"diamond"``, ``"three_step"`` or ``"exhaustive"`` search on the SSD of the
+   luma (or RGB) planes, starting from ``init_motion``.
+3. **Global motion.** Among the searched blocks whose best PSNR is larger than
+   ``psnr_threshold`` (as in the paper), the most frequent vector is found; the
+   vectors within one pixel of it (per axis) are the inliers and the others
+   outliers; the global motion is the inliers' mean, rounded. With no such
+   block it is ``(0, 0)``.
+4. **Re-check.** Every block is compared with the previous frame at the global
+   motion; it is matched when its PSNR there is larger than ``psnr_threshold``
+   and its shifted block lies inside the previous frame (otherwise its PSNR is
+   ``-inf``). With ``reuse_scores`` the SSDs Step 2 already computed at the
+   global motion (a searched block whose best or start vector equals it) are
+   taken from Step 2; when that covers every block, Step 4 does no pixel work
+   (a ``lax.cond``; under ``vmap`` both branches run).
+5. **Merge.** The mask is the union of the matched blocks;
+   `dcjax.matching.rectangles` gives the paper's merged rectangles.
+
+``psnr_threshold=inf`` matches nothing. Blocks that were not searched
+(``k_skip > 1``) report the global motion as their vector.
+
+Everything is vectorised over blocks, has static shapes and compiles once per
+frame shape and option set; ``init_motion`` is a traced int32 ``(2,)`` array,
+so the caller can feed the previous frame's motion without recompiling.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from dcjax.matching import search as _search
+from dcjax.matching.static import (
+    _peak,
+    _plane,
+    block_counts_np,
+    block_sums_unrolled,
+    expand_blocks,
+    psnr_from_mse,
+)
+from dcjax.matching.types import Match
+
+SEARCHES = ("diamond", "three_step", "exhaustive")
+DEFAULT_SEARCH_RANGE = 7
+DEFAULT_MAX_STEPS = 8
+# Step 3: vectors farther than this (per axis) from the most frequent one are outliers.
+INLIER_RADIUS = 1
+
+
+def _geometry(h: int, w: int, bs: int, k: int, r: int, pad: int):
+    """Static per-block geometry of the searched blocks (NumPy)."""
+    nby, nbx = math.ceil(h / bs), math.ceil(w / bs)
+    iy = np.arange(0, nby, k)
+    ix = np.arange(0, nbx, k)
+    gy, gx = np.meshgrid(iy, ix, indexing="ij")
+    y0, x0 = (gy * bs).ravel(), (gx * bs).ravel()
+    hb = np.minimum(bs, h - y0)
+    wb = np.minimum(bs, w - x0)
+    lo = np.stack([np.maximum(-r, -y0), np.maximum(-r, -x0)])
+    hi = np.stack([np.minimum(r, h - y0 - hb), np.minimum(r, w - x0 - wb)])
+    corners = np.stack([y0 + pad, x0 + pad])
+    return (nby, nbx), (iy, ix), corners.astype(np.int32), lo.astype(np.int32), hi.astype(np.int32)
+
+
+def _all_bounds(h: int, w: int, bs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Admissible vectors of every block without a range limit: (lo, hi), (nby, nbx, 2)."""
+    nby, nbx = math.ceil(h / bs), math.ceil(w / bs)
+    y0 = np.arange(nby) * bs
+    x0 = np.arange(nbx) * bs
+    hb = np.minimum(bs, h - y0)
+    wb = np.minimum(bs, w - x0)
+    lo = np.stack(np.broadcast_arrays(-y0[:, None], -x0[None, :]), -1)
+    hi = np.stack(np.broadcast_arrays((h - y0 - hb)[:, None], (w - x0 - wb)[None, :]), -1)
+    return lo.astype(np.int32), hi.astype(np.int32)
+
+
+def _scatter_grid(full: jax.Array, part: jax.Array, k: int) -> jax.Array:
+    """Write the searched blocks' values ``part`` into every ``k``-th row and column.
+
+    A select against the upsampled values rather than a scatter: XLA:CPU runs
+    it as one fused loop.
+    """
+    if k == 1:
+        return part.astype(full.dtype)
+    nby, nbx = full.shape[:2]
+    up = jnp.repeat(jnp.repeat(part, k, 0), k, 1)[:nby, :nbx]
+    searched = np.zeros((nby, nbx), bool)
+    searched[::k, ::k] = True
+    searched = searched.reshape(nby, nbx, *([1] * (full.ndim - 2)))
+    return jnp.where(searched, up.astype(full.dtype), full)
+
+
+def _global_motion(vectors: jax.Array, ok: jax.Array, r: int) -> jax.Array:
+    """Step 3: rounded mean of the inlier vectors around the mode -> int32 (2,)."""
+    size = 2 * r + 1
+    idx = (vectors[:, 0] + r) * size + (vectors[:, 1] + r)
+    mode_idx = jnp.argmax(jnp.bincount(idx, weights=ok.astype(jnp.int32), length=size * size))
+    mode = jnp.stack([mode_idx // size - r, mode_idx % size - r]).astype(jnp.int32)
+    inlier = ok & (jnp.abs(vectors - mode).max(-1) <= INLIER_RADIUS)
+    n = inlier.sum()
+    mean = (vectors * inlier[:, None]).sum(0) / jnp.maximum(n, 1)
+    return jnp.where(n > 0, jnp.round(mean), 0).astype(jnp.int32)
+
+
+def _planes(frame: jax.Array, color: str) -> jax.Array:
+    """(H, W, C) frame -> (C', H, W) float32 planes the SSD is computed on."""
+    return jnp.moveaxis(_plane(frame, color), -1, 0)
+
+
+def _shift_ssd(
+    cur_p: jax.Array, inside: np.ndarray | None, prev_p: jax.Array, motion: jax.Array, pad: int
+) -> jax.Array:
+    """SSD of every block against ``prev`` shifted by ``motion`` -> (nby, nbx).
+
+    ``cur_p`` is the (C, nby * bs, nbx * bs) zero-padded current plane and
+    ``inside`` the 0/1 mask of its frame pixels (``None`` if all are).
+    """
+    c, hp, wp = cur_p.shape
+    shifted = lax.dynamic_slice(prev_p, (0, pad + motion[0], pad + motion[1]), (c, hp, wp))
+    # A plain copy, rather than dynamic indexing inside the fused arithmetic.
+    shifted = lax.optimization_barrier(shifted)
+    err = jnp.square(cur_p - shifted)
+    total = err[0]
+    for i in range(1, c):
+        total = total + err[i]
+    if inside is not None:
+        total = total * inside
+    return total
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_size",
+        "search",
+        "max_steps",
+        "k_skip",
+        "reuse_scores",
+        "color",
+        "search_range",
+    ),
+)
+def _block_match(
+    prev: jax.Array,
+    cur: jax.Array,
+    init_motion: jax.Array,
+    psnr_threshold: jax.Array,
+    peak: jax.Array,
+    *,
+    block_size: int,
+    search: str,
+    max_steps: int,
+    k_skip: int,
+    reuse_scores: bool,
+    color: str,
+    search_range: int,
+) -> Match:
+    h, w = cur.shape[:2]
+    bs, k, r = block_size, k_skip, search_range
+    if search == "three_step":
+        margin = _search.three_step_steps(r)[0]
+    elif search == "diamond":
+        margin = 2
+    else:
+        margin = 0
+    pad = r + margin
+    (nby, nbx), (iy, ix), corners, lo, hi = _geometry(h, w, bs, k, r, pad)
+
+    # Materialise the planes and the padded previous plane once, so that XLA
+    # does not recompute the colour conversion inside every gather.
+    cur_pl, prev_pl = lax.optimization_barrier((_planes(cur, color), _planes(prev, color)))
+    ch = cur_pl.shape[0]
+    eh, ew = nby * bs - h, nbx * bs - w
+    # Zero padding: only inadmissible candidates ever read it.
+    prev_p = lax.optimization_barrier(jnp.pad(prev_pl, ((0, 0), (pad, pad + eh), (pad, pad + ew))))
+    cur_p = lax.optimization_barrier(jnp.pad(cur_pl, ((0, 0), (0, eh), (0, ew))))
+    inside = np.zeros((nby * bs, nbx * bs), np.float32)
+    inside[:h, :w] = 1.0
+
+    # Step 1: the searched blocks, blocks last: (C, bs, bs, n).
+    grid = cur_p.reshape(ch, nby, bs, nbx, bs)[:, ::k, :, ::k]
+    cur_b = lax.optimization_barrier(grid.transpose(0, 2, 4, 1, 3).reshape(ch, bs, bs, -1))
+    weights = None
+    if eh or ew:
+        wgrid = inside.reshape(nby, bs, nbx, bs)[::k, :, ::k].transpose(1, 3, 0, 2)
+        weights = jnp.asarray(wgrid.reshape(1, bs, bs, -1))
+    blocks = _search.Blocks(cur_b, weights, jnp.asarray(corners), jnp.asarray(lo), jnp.asarray(hi))
+
+    # Step 2: per-block search from the (clipped) initial motion.
+    start = jnp.clip(jnp.asarray(init_motion, jnp.int32)[:, None], blocks.lo, blocks.hi)
+    if search == "diamond":
+        res = _search.diamond_search(prev_p, blocks, start, max_steps=max_steps)
+    elif search == "three_step":
+        res = _search.three_step_search(prev_p, blocks, start, search_range=r)
+    else:
+        res = _search.exhaustive_search(prev_p, blocks, start, search_range=r)
+    counts = block_counts_np((h, w), bs)
+    counts_s = counts[::k, ::k].reshape(-1)
+    best_psnr = psnr_from_mse(res.ssd / (counts_s * ch), peak)
+    passes = best_psnr > psnr_threshold
+
+    # Step 3: global motion.
+    motion = _global_motion(res.vectors.T, passes & jnp.isfinite(res.ssd), r)
+
+    # Step 4: every block at the global motion.
+    all_lo, all_hi = _all_bounds(h, w, bs)
+    inside_prev = ((motion >= all_lo) & (motion <= all_hi)).all(-1)
+
+    def recompute():
+        err = _shift_ssd(cur_p, inside if (eh or ew) else None, prev_p, motion, pad)
+        return block_sums_unrolled(err, bs)
+
+    if reuse_scores:
+        at_best = (res.vectors == motion[:, None]).all(0)
+        at_start = (res.start == motion[:, None]).all(0)
+        known_s = (at_best | at_start).reshape(len(iy), len(ix))
+        stored_s = jnp.where(at_best, res.ssd, res.start_ssd).reshape(len(iy), len(ix))
+        # Blocks whose shifted block leaves the frame need no score either.
+        known = _scatter_grid(jnp.zeros((nby, nbx), bool), known_s, k) | ~inside_prev
+        stored = _scatter_grid(jnp.zeros((nby, nbx), jnp.float32), stored_s, k)
+        # Skipped when Step 2 covered every block (only possible with k_skip=1).
+        # The conditional also keeps XLA from recomputing the global motion
+        # inside the per-pixel loop of the recomputation.
+        ssd = lax.cond(known.all(), lambda: stored, lambda: jnp.where(known, stored, recompute()))
+    else:
+        ssd = recompute()
+    psnr = psnr_from_mse(ssd / (counts * ch), peak)
+    psnr = jnp.where(inside_prev, psnr, -jnp.inf).astype(jnp.float32)
+    matched = psnr > psnr_threshold  # never with an infinite threshold
+
+    vectors = jnp.broadcast_to(motion, (nby, nbx, 2))
+    vectors = _scatter_grid(vectors, res.vectors.T.reshape(len(iy), len(ix), 2), k)
+    return Match(
+        motion=motion,
+        mask=expand_blocks(matched, (h, w), bs),
+        block_vectors=vectors.astype(jnp.int32),
+        block_psnr=psnr,
+        match_ratio=matched.mean(dtype=jnp.float32),
+    )
+
+
+def block_match(
+    prev: jax.Array,
+    cur: jax.Array,
+    *,
+    block_size: int = 10,
+    psnr_threshold: float = 20.0,
+    search: str = "diamond",
+    max_steps: int = DEFAULT_MAX_STEPS,
+    k_skip: int = 1,
+    reuse_scores: bool = True,
+    init_motion=(0, 0),
+    color: str = "luma",
+    data_range: float | None = None,
+    search_range: int = DEFAULT_SEARCH_RANGE,
+) -> Match:
+    """Match ``cur`` against ``prev`` with a motion search (DeepCache Section 4).
+
+    Args:
+        prev: (H, W, C) previous frame, uint8 or float.
+        cur: (H, W, C) current frame, same shape and dtype.
+        block_size: side of the square blocks in pixels.
+        psnr_threshold: a block is matched when its PSNR (dB) is larger than
+            this; ``inf`` matches nothing.
+        search: ``"diamond"``, ``"three_step"`` or ``"exhaustive"``.
+        max_steps: most large-diamond moves of the diamond search.
+        k_skip: search only every ``k_skip``-th block row and column (Step 2).
+        reuse_scores: reuse Step 2's SSDs at the global motion in Step 4.
+        init_motion: ``(dy, dx)`` the searches start from, e.g. the previous
+            frame's motion; may be a traced int32 (2,) array. Clipped into the
+            search range.
+        color: ``"luma"`` (BT.601) or ``"rgb"``: the planes compared.
+        data_range: peak value for PSNR; default 255 (integer) or 1.0 (float).
+        search_range: largest ``|dy|`` and ``|dx|`` searched.
+
+    Returns:
+        The `Match`.
+
+    Raises:
+        ValueError: for a bad frame or option, naming it.
+    """
+    _check_frames(prev, cur)
+    if search not in SEARCHES:
+        raise ValueError(f"dcjax: search must be one of {SEARCHES}, got {search!r}")
+    for name, value, least in (
+        ("block_size", block_size, 1),
+        ("k_skip", k_skip, 1),
+        ("max_steps", max_steps, 0),
+        ("search_range", search_range, 0),
+    ):
+        if not isinstance(value, (int, np.integer)) or value < least:
+            raise ValueError(f"dcjax: {name} must be an int >= {least}, got {value!r}")
+    if color not in ("luma", "rgb"):
+        raise ValueError(f"dcjax: color must be 'luma' or 'rgb', got {color!r}")
+    if isinstance(psnr_threshold, (int, float)) and math.isnan(psnr_threshold):
+        raise ValueError("dcjax: psnr_threshold must be a number (dB), got nan")
+    init = jnp.asarray(init_motion)
+    if init.shape != (2,):
+        raise ValueError(f"dcjax: init_motion must be (dy, dx), got shape {init.shape}")
+    return _block_match(
+        prev,
+        cur,
+        init.astype(jnp.int32),
+        jnp.asarray(psnr_threshold, jnp.float32),
+        jnp.asarray(_peak(cur.dtype, data_range), jnp.float32),
+        block_size=int(block_size),
+        search=search,
+        max_steps=int(max_steps),
+        k_skip=int(k_skip),
+        reuse_scores=bool(reuse_scores),
+        color=color,
+        search_range=int(search_range),
+    )
+
+
+def _check_frames(prev, cur) -> None:
+    if prev.shape != cur.shape or len(prev.shape) != 3:
+        raise ValueError(
+            f"dcjax: prev and cur must be (H, W, C) frames of one shape, got "
+            f"{prev.shape} and {cur.shape}"
+        )

@@ -1,0 +1,266 @@
+"""Model-zoo benchmark: size, FLOPs, dense latency and conv-cache memory per model.
+
+Run ``python -m dcjax.models.bench`` (``--help`` for options). For every zoo model at
+its published input size and batch 1 it reports:
+
+* ``params``: parameter count (BatchNorm running statistics excluded);
+* ``convs``: number of convolutions (DeepCache Table 3 lists 5, 57, 53, 8, 5 for
+  AlexNet, GoogLeNet, ResNet-50, YOLO and Dave);
+* ``conv_gflops`` / ``total_gflops``: FLOPs counted on the jaxpr (a multiply-add is
+  2 FLOPs; convolutions and dense layers exactly, pooling as window size per output,
+  other elementwise ops and reductions as one per output element; reshapes,
+  broadcasts and concatenations are free);
+* ``conv_share``: conv FLOPs / total FLOPs, next to the conv share of *time* in
+  DeepCache's Table 1 (TensorFlow on a Nexus 6) where the paper has the model;
+* ``latency_ms``: median wall time of the dense, uncached ``jax.jit`` forward pass
+  on this machine's default JAX device, after warm-up;
+* ``cache_mb``: float32 bytes of one full cache of every convolution's output, the
+  memory DeepCache's reuse needs (the paper reports 2.5-43.8 MB, Figure 18).
+
+The models are random-initialised (timings and sizes do not depend on the weights).
+The table is printed and the numbers are written as JSON (default
+``bench-results/models.json``). This is a command, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.extend import core
+
+from dcjax import models
+
+__all__ = ["JaxprCost", "count_cost", "main", "measure"]
+
+# DeepCache Table 1, conv share of processing time with TensorFlow on a Nexus 6.
+PAPER_CONV_TIME_SHARE = {
+    "alexnet": 0.792,
+    "googlenet": 0.802,
+    "resnet50": 0.918,
+    "yolo_tiny": 0.824,
+    "dave": 0.588,
+}
+# DeepCache Table 3, number of convolutions.
+PAPER_CONVS = {"alexnet": 5, "googlenet": 57, "resnet50": 53, "yolo_tiny": 8, "dave": 5}
+
+_FREE = {
+    "reshape",
+    "broadcast_in_dim",
+    "concatenate",
+    "convert_element_type",
+    "squeeze",
+    "expand_dims",
+    "transpose",
+    "slice",
+    "pad",
+    "copy",
+}
+
+
+class JaxprCost:
+    """FLOPs and conv output sizes accumulated over a jaxpr (see `count_cost`)."""
+
+    def __init__(self) -> None:
+        self.conv_flops = 0
+        self.dense_flops = 0
+        self.other_flops = 0
+        self.convs = 0
+        self.conv_out_bytes = 0
+
+    @property
+    def total_flops(self) -> int:
+        """All counted FLOPs."""
+        return self.conv_flops + self.dense_flops + self.other_flops
+
+
+def _size(aval: Any) -> int:
+    return math.prod(getattr(aval, "shape", ()))
+
+
+def _sub_jaxprs(params: dict[str, Any]) -> list[core.Jaxpr]:
+    subs = []
+    for value in params.values():
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, core.ClosedJaxpr):
+                subs.append(item.jaxpr)
+            elif isinstance(item, core.Jaxpr):
+                subs.append(item)
+    return subs
+
+
+def count_cost(jaxpr: core.Jaxpr, cost: JaxprCost | None = None) -> JaxprCost:
+    """Counts FLOPs per kind and conv output bytes of ``jaxpr`` (sub-jaxprs included).
+
+    Args:
+        jaxpr: e.g. ``jax.make_jaxpr(module.apply)(variables, x).jaxpr``.
+        cost: accumulator to add to (a new one by default).
+
+    Returns:
+        The accumulated `JaxprCost`.
+    """
+    cost = JaxprCost() if cost is None else cost
+    for eqn in jaxpr.eqns:
+        subs = _sub_jaxprs(eqn.params)
+        if subs:
+            for sub in subs:
+                count_cost(sub, cost)
+            continue
+        name = eqn.primitive.name
+        outs = sum(_size(v.aval) for v in eqn.outvars)
+        if name == "conv_general_dilated":
+            rhs = eqn.invars[1].aval
+            rhs_spec = eqn.params["dimension_numbers"].rhs_spec
+            per_output = rhs.shape[rhs_spec[1]] * math.prod(rhs.shape[d] for d in rhs_spec[2:])
+            cost.conv_flops += 2 * outs * per_output
+            cost.convs += 1
+            out = eqn.outvars[0].aval
+            cost.conv_out_bytes += _size(out) * jnp.dtype(out.dtype).itemsize
+        elif name == "dot_general":
+            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval
+            cost.dense_flops += 2 * outs * math.prod(lhs.shape[d] for d in lhs_contract)
+        elif name.startswith("reduce_window"):
+            cost.other_flops += outs * math.prod(eqn.params["window_dimensions"])
+        elif name.startswith("reduce_"):
+            cost.other_flops += sum(_size(v.aval) for v in eqn.invars)
+        elif name not in _FREE:
+            cost.other_flops += outs
+    return cost
+
+
+def measure(
+    name: str, *, repeats: int = 10, warmup: int = 2, latency: bool = True
+) -> dict[str, Any]:
+    """Benchmarks one zoo model at its published input size, batch 1.
+
+    Args:
+        name: a `dcjax.models.names()` entry.
+        repeats: timed runs (the median is reported).
+        warmup: untimed runs after compilation.
+        latency: time the forward pass (otherwise only static numbers).
+
+    Returns:
+        A JSON-serialisable dict of the numbers described in the module docstring.
+    """
+    spec = models.info(name)
+    h, w, c = spec.input_shape
+    module, variables = models.create(name)
+    x = jnp.asarray(
+        models.preprocess(
+            name, jax.random.randint(jax.random.PRNGKey(0), (1, h, w, c), 0, 256, jnp.int32)
+        )
+    )
+    cost = count_cost(jax.make_jaxpr(module.apply)(variables, x).jaxpr)
+    params = sum(leaf.size for leaf in jax.tree_util.tree_leaves(variables["params"]))
+    row: dict[str, Any] = {
+        "model": name,
+        "input_shape": [h, w, c],
+        "params": int(params),
+        "published_params": spec.published_params,
+        "convs": cost.convs,
+        "paper_convs": PAPER_CONVS.get(name),
+        "conv_gflops": cost.conv_flops / 1e9,
+        "dense_gflops": cost.dense_flops / 1e9,
+        "total_gflops": cost.total_flops / 1e9,
+        "conv_share": cost.conv_flops / max(cost.total_flops, 1),
+        "paper_conv_time_share": PAPER_CONV_TIME_SHARE.get(name),
+        "cache_mb": cost.conv_out_bytes / 2**20,
+        "latency_ms": None,
+        "compile_s": None,
+    }
+    if latency:
+        fn = jax.jit(module.apply)
+        start = time.perf_counter()
+        jax.block_until_ready(fn(variables, x))
+        row["compile_s"] = time.perf_counter() - start
+        for _ in range(warmup):
+            jax.block_until_ready(fn(variables, x))
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(variables, x))
+            times.append(time.perf_counter() - start)
+        row["latency_ms"] = 1e3 * statistics.median(times)
+        row["latency_runs"] = repeats
+    return row
+
+
+def _format_table(rows: Sequence[dict[str, Any]]) -> str:
+    header = (
+        f"{'model':<19}{'params':>12}{'convs':>7}{'conv GFLOP':>11}{'total GFLOP':>12}"
+        f"{'conv share':>11}{'paper T1':>9}{'latency ms':>11}{'cache MB':>9}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        paper = r["paper_conv_time_share"]
+        lat = r["latency_ms"]
+        convs = f"{r['convs']}" + ("" if r["paper_convs"] in (None, r["convs"]) else "!")
+        lines.append(
+            f"{r['model']:<19}{r['params']:>12,}{convs:>7}{r['conv_gflops']:>11.3f}"
+            f"{r['total_gflops']:>12.3f}{r['conv_share']:>11.1%}"
+            f"{(f'{paper:.1%}' if paper is not None else '-'):>9}"
+            f"{(f'{lat:.1f}' if lat is not None else '-'):>11}{r['cache_mb']:>9.2f}"
+        )
+    lines.append(
+        "paper T1: conv share of time, DeepCache Table 1 (TensorFlow, Nexus 6). "
+        "cache MB: float32 outputs of all convs (paper Figure 18: 2.5-43.8 MB)."
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m dcjax.models.bench",
+        description="Per-model parameters, conv FLOPs and share, dense jit latency and "
+        "conv-cache memory of the dcjax model zoo (random weights).",
+    )
+    parser.add_argument("--models", nargs="+", choices=models.names(), default=models.names())
+    parser.add_argument("--repeats", type=int, default=10, help="timed runs per model")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs after compiling")
+    parser.add_argument("--no-latency", action="store_true", help="skip timing")
+    parser.add_argument(
+        "--out", default=os.path.join("bench-results", "models.json"), help="JSON output path"
+    )
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    rows = []
+    for name in args.models:
+        print(f"measuring {name} ...", file=sys.stderr, flush=True)
+        rows.append(
+            measure(name, repeats=args.repeats, warmup=args.warmup, latency=not args.no_latency)
+        )
+    print(_format_table(rows))
+    result = {
+        "benchmark": "dcjax.models.bench",
+        "jax": jax.__version__,
+        "device": str(jax.devices()[0]),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "batch": 1,
+        "models": rows,
+    }
+    directory = os.path.dirname(args.out)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""``semantic`` and ``deepcache+semantic`` methods for the evaluation harness.
+
+Registered in `dcjax.eval.methods` (imported at its bottom). Options: the
+`SemanticConfig` fields (``tau``, ``window``, ``confidence``, ``max_fast``,
+``exit_points``), the `Config` fields, and the calibration:
+
+- ``calibration``: a bundled clip name or a video path whose frames calibrate
+  the memory (default ``"box"``; pass ``calibration=vtest`` when evaluating on
+  ``box``: calibration and evaluation clips must differ); ``"none"`` starts
+  from an empty memory (or calibrate ``runner.cached`` yourself);
+- ``calib_frames``: how many of its frames (default all).
+
+``semantic`` runs the exits alone (``psnr_threshold=inf``: nothing is reused,
+the step keeps no caches and computes convolutions as ``nocache`` does);
+``deepcache+semantic`` adds DeepCache reuse in the layers that run.
+``info`` carries ``exit``, ``exit_class`` and ``ac``. On the command line,
+several exit points are separated by ``|``: ``exit_points=block3|block7``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from dcjax.config import Config, SemanticConfig
+from dcjax.eval.methods import (
+    LayerFlops,
+    ModelSpec,
+    Runner,
+    config_dict,
+    deepcache_config,
+    register_method,
+    transform,
+)
+
+__all__: list[str] = []
+
+_SEMANTIC_FIELDS = {f.name for f in dataclasses.fields(SemanticConfig)}
+
+
+def _calibration_frames(spec: ModelSpec, source: str, count: int | None) -> np.ndarray:
+    from dcjax import video
+    from dcjax.eval import harness
+
+    path = harness.resolve_video(source)
+    h, w = spec.frame_shape[:2]
+    frames = []
+    for f in video.read(path, size=(h, w)):
+        frames.append(np.asarray(f))
+        if count is not None and len(frames) >= count:
+            break
+    return np.stack(frames)
+
+
+def _runner(method: str, spec: ModelSpec, options: Mapping[str, Any], **defaults) -> Runner:
+    options = dict(options)
+    source = str(options.pop("calibration", "box"))
+    count = options.pop("calib_frames", None)
+    sem = {k: options.pop(k) for k in list(options) if k in _SEMANTIC_FIELDS}
+    if isinstance(sem.get("exit_points"), (list, str)):
+        ep = sem["exit_points"]
+        sem["exit_points"] = tuple(ep.split("|")) if isinstance(ep, str) else tuple(ep)
+    if "tau" in sem:
+        sem["tau"] = float(sem["tau"])
+    cfg: Config = deepcache_config(options, semantic=SemanticConfig(**sem), **defaults)
+    cached = transform(spec, cfg)
+    if source.lower() != "none":
+        cached.calibrate(_calibration_frames(spec, source, count))
+    config = config_dict(dataclasses.replace(cfg, semantic=None))
+    config.update(
+        semantic={k: getattr(cfg.semantic, k) for k in sorted(_SEMANTIC_FIELDS)},
+        calibration=source,
+        calib_frames=count,
+    )
+    return Runner(
+        method=method,
+        init=cached.init,
+        step=cached.step,
+        layers=tuple(LayerFlops(name=lay.name, flops=int(lay.flops)) for lay in cached.layers),
+        config=config,
+        total_flops=int(cached.total_flops),
+        cached=cached,
+    )
+
+
+@register_method("semantic", "SMTM semantic-memory early exits alone (no reuse)")
+def _semantic(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
+    # never reusing: the step keeps no caches and computes convolutions as nocache does
+    return _runner("semantic", spec, options, psnr_threshold=float("inf"))
+
+
+@register_method("deepcache+semantic", "DeepCache reuse plus SMTM early exits in one step")
+def _deepcache_semantic(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
+    return _runner("deepcache+semantic", spec, options)

@@ -1,0 +1,114 @@
+"""Refinement of reuse masks inside the network, with a bounded error.
+
+Exact region propagation has a ceiling: every convolution dilates the
+non-reusable region by half its kernel. Refinement adds a cheap per-pixel
+change test at the input ``x`` of each refined convolution ``l``, against a
+reference copy ``ref`` of that input (shifted with the frame's motion like
+every cache)::
+
+    change[i, j] = max_c |x_t[.., i, j, c] - ref[.., i, j, c]|     (metric "max_abs")
+                 = sqrt(mean_c (x_t - ref)^2)                         (metric "rms")
+    R_in'        = R_in OR (change < delta_l)
+    ref         <- x_t where not (change < delta_l), else kept
+
+and the layer's output mask is the usual AND-pool of ``R_in'``. The threshold is
+``delta_l = delta * scale_l`` where ``scale_l`` is the mean per-pixel magnitude
+of the layer's input (the same metric applied to ``x`` against zero) on the
+first frame: one user-facing knob instead of a per-layer search.
+
+The error bound (max_abs). Take an output pixel ``o`` reused at frame ``t``;
+its cached value was computed at the last frame ``tau < t`` at which ``o`` was
+dirty, from ``x_tau``. At every frame in ``(tau, t]`` all pixels ``j`` of
+``o``'s window passed the test, so their references did not change after
+``tau``; at ``tau`` each reference was either set to ``x_tau[j]`` or kept within
+``delta_l`` of it. Hence ``|x_t[j] - x_tau[j]| < 2 delta_l`` for every channel,
+and for every output channel ``c``::
+
+    |out_t[o, c] - conv(x_t)[o, c]| < 2 delta_l * sum_{window, c_in} |W[.., c_in, c]|
+
+(for "rms", ``2 delta_l sqrt(C_in) * sum_window ||W[k, :, c]||_2``). The bound
+depends on ``delta_l`` and the weights only, not on how long the stream is:
+errors do not accumulate across frames, because the reference tracks the last
+value each output was computed from rather than the last frame. A refresh sets
+every reference to the frame's input. Pixels reused through the matcher (exact
+matches) are outside this bound; they are DeepCache's own approximation,
+controlled by the PSNR threshold.
+
+``layers="auto"`` refines a convolution only where the test is cheaper than the
+work it can save: the test reads each input element about three times (a
+subtraction, an absolute value, a max), the convolution spends
+``kh * kw * (C_out / groups) / (sy * sx)`` multiply-adds per input element; a
+layer is refined when that is at least 16 (depthwise 3x3 convolutions are not,
+1x1 and dense 3x3 convolutions are).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from dcjax.config import RefineConfig
+from dcjax.transforms.signatures import Layer, Spatial
+
+__all__ = ["AUTO_MIN_MACS_PER_INPUT", "change", "error_bound", "refined_layers", "scale"]
+
+AUTO_MIN_MACS_PER_INPUT = 16
+
+
+def refined_layers(layers: Sequence[Layer], config: RefineConfig) -> tuple[bool, ...]:
+    """Which layers get the change test under ``config.layers``."""
+    if config.layers == "all":
+        return tuple(True for _ in layers)
+    if config.layers == "auto":
+        return tuple(
+            layer.kernel[0] * layer.kernel[1] * layer.out_channels / layer.groups
+            >= AUTO_MIN_MACS_PER_INPUT * layer.strides[0] * layer.strides[1]
+            for layer in layers
+        )
+    names = set(config.layers)
+    unknown = names - {layer.name for layer in layers}
+    if unknown:
+        raise ValueError(
+            f"dcjax: RefineConfig.layers names unknown layers {sorted(unknown)}; "
+            f"the model's layers are {[layer.name for layer in layers]}"
+        )
+    return tuple(layer.name in names for layer in layers)
+
+
+def _per_pixel(d: jax.Array, sig: Spatial, metric: str) -> jax.Array:
+    """Reduce every non-spatial axis: (..., H, ..., W, ...) -> (H, W)."""
+    axes = tuple(i for i in range(d.ndim) if i not in sig.axes)
+    if metric == "max_abs":
+        out = jnp.max(jnp.abs(d), axis=axes)
+    else:
+        out = jnp.sqrt(jnp.mean(jnp.square(d), axis=axes))
+    return out.T if sig.axes[0] > sig.axes[1] else out
+
+
+def change(x: jax.Array, ref: jax.Array, sig: Spatial, metric: str) -> jax.Array:
+    """Per-pixel change of ``x`` against ``ref`` over channels, (H, W)."""
+    return _per_pixel(x.astype(jnp.float32) - ref.astype(jnp.float32), sig, metric)
+
+
+def scale(x: jax.Array, sig: Spatial, metric: str) -> jax.Array:
+    """The layer's activation scale: mean per-pixel magnitude of ``x``."""
+    return jnp.mean(_per_pixel(x.astype(jnp.float32), sig, metric))
+
+
+def error_bound(w: jax.Array, threshold: jax.Array, metric: str, cin: int) -> jax.Array:
+    """Bound on |reused output - conv(x_t)| per output channel (HWIO weights).
+
+    Args:
+        w: (kh, kw, C_in / groups, C_out) weights.
+        threshold: the layer's ``delta_l``.
+        metric: ``"max_abs"`` or ``"rms"``.
+        cin: the layer's input channels (all of them, for "rms").
+    """
+    w = jnp.abs(w.astype(jnp.float32))
+    if metric == "max_abs":
+        per_channel = w.sum(axis=(0, 1, 2))
+    else:
+        per_channel = jnp.sqrt(jnp.square(w).sum(axis=2)).sum(axis=(0, 1)) * jnp.sqrt(cin)
+    return 2.0 * threshold * per_channel

@@ -1,0 +1,88 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # A small benchmark
+#
+# The same harness as `dcjax bench`: every method steps through the same frames
+# in one process, interleaved frame by frame, and is compared with `nocache`.
+# Speedup is the ratio of median per-frame latencies (matching included); the
+# ideal speedup is what the skipped convolution FLOPs would give.
+#
+# Environment variables (for quick test runs): `DCJAX_NB_MODELS` (default
+# `alexnet`), `DCJAX_NB_FRAMES` (default 40), `DCJAX_NB_WIDTH` (default 1.0).
+# Timings on a shared machine are noisy: read them as medians, not promises.
+
+# %%
+# %matplotlib inline
+import os
+
+import matplotlib.pyplot as plt  # noqa: F401  (selects the inline backend in Jupyter)
+from IPython.display import display
+
+# %%
+from dcjax.eval import bench, plots, report
+
+MODELS = os.environ.get("DCJAX_NB_MODELS", "alexnet").split()
+FRAMES = int(os.environ.get("DCJAX_NB_FRAMES", "40"))
+WIDTH = float(os.environ.get("DCJAX_NB_WIDTH", "1.0"))
+
+records, matcher_rows = bench.run_bench(
+    MODELS,
+    ["vtest"],
+    ["nocache", "deepcache", "deepmon", "mil", "frame"],
+    frames=FRAMES,
+    width=WIDTH,
+    thresholds=[15, 25],
+    matchers=["static", "diamond", "histogram"],
+    progress=False,
+)
+
+# %% [markdown]
+# ## Summary
+
+# %%
+rows = report.summary_rows(records)
+cols = [
+    "model",
+    "method",
+    "median ms",
+    "speedup",
+    "ideal",
+    "efficiency",
+    "top-1 agree",
+    "match",
+    "refreshes",
+]
+print("  ".join(f"{c:>12s}" for c in cols))
+for row in rows:
+    print("  ".join(f"{row[c][-12:]:>12s}" for c in cols))
+
+# %% [markdown]
+# ## Latency by method (DeepCache Figure 10)
+
+# %%
+display(plots.latency_by_method(records))
+
+# %% [markdown]
+# ## Where the savings are, layer by layer (Figure 12)
+
+# %%
+display(plots.per_layer(records))
+
+# %% [markdown]
+# ## Matching threshold (Figure 16) and matchers (Table 4)
+
+# %%
+display(plots.sweep(records, "psnr_threshold"))
+display(plots.matchers(matcher_rows))

@@ -1,0 +1,238 @@
+"""The method registry and each method's behaviour on constructed frame sequences."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dcjax.eval import deepmon, methods, mil
+from dcjax.eval.methods import make_runner, parse_method, register_method
+
+
+def _steps(runner, frames):
+    state = runner.init()
+    outs, infos = [], []
+    for f in frames:
+        out, state, info = runner.step(state, jnp.asarray(f))
+        outs.append(np.asarray(out))
+        infos.append(jax.tree_util.tree_map(np.asarray, info))
+    return np.stack(outs), infos, state
+
+
+def _reference(spec, frames):
+    return np.stack([np.asarray(spec.apply(jnp.asarray(f))) for f in frames])
+
+
+def test_registry_has_the_methods():
+    assert {"nocache", "deepcache", "deepmon", "mil", "frame"} <= set(methods.METHODS)
+    assert all(info.description for info in methods.METHODS.values())
+
+
+def test_register_method_rejects_duplicates_and_bad_names():
+    with pytest.raises(ValueError, match="already registered"):
+        register_method("deepcache")(lambda spec, options: None)
+    with pytest.raises(ValueError, match="must be non-empty"):
+        register_method("a:b")
+
+
+def test_register_method_adds_a_usable_method(spec, clip):
+    name = "test_only_nocache_alias"
+
+    @register_method(name, "nocache under another name")
+    def _alias(s, options):
+        return make_runner(s, "nocache", options)
+
+    try:
+        outs, _, _ = _steps(make_runner(spec, name), clip[:2])
+        np.testing.assert_allclose(outs, _reference(spec, clip[:2]), rtol=1e-5, atol=1e-5)
+    finally:
+        del methods.METHODS[name]
+
+
+def test_parse_method():
+    assert parse_method("deepcache") == ("deepcache", {})
+    assert parse_method("deepcache:psnr_threshold=25,matcher=diamond,refresh_every=None") == (
+        "deepcache",
+        {"psnr_threshold": 25, "matcher": "diamond", "refresh_every": None},
+    )
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        parse_method("nope")
+    with pytest.raises(ValueError, match="key=value"):
+        parse_method("deepcache:oops")
+
+
+def test_unknown_option_is_named(spec):
+    with pytest.raises(ValueError, match="'bogus'"):
+        make_runner(spec, "deepcache", {"bogus": 1})
+    with pytest.raises(ValueError, match="'bogus'"):
+        make_runner(spec, "frame", {"bogus": 1})
+
+
+def test_nocache_is_the_model(spec, clip):
+    outs, infos, _ = _steps(make_runner(spec, "nocache"), clip[:3])
+    np.testing.assert_allclose(outs, _reference(spec, clip[:3]), rtol=1e-5, atol=1e-5)
+    assert all(float(i["flops_ratio"]) == 1.0 for i in infos)
+
+
+@pytest.mark.parametrize("method", ["deepcache", "deepmon", "mil", "frame"])
+def test_identical_frames_give_the_uncached_output_with_reuse(spec, clip, method):
+    frames = np.stack([clip[0]] * 4)
+    outs, infos, _ = _steps(make_runner(spec, method), frames)
+    ref = _reference(spec, frames)
+    np.testing.assert_allclose(outs, ref, rtol=1e-4, atol=1e-4)
+    assert bool(infos[0]["refreshed"])
+    # Every later frame reuses something (and frame/deepcache reuse everything).
+    assert all(float(i["flops_ratio"]) < 1.0 for i in infos[1:])
+    if method in ("frame", "deepcache", "mil"):
+        assert all(float(i["flops_ratio"]) == pytest.approx(0.0, abs=1e-6) for i in infos[1:])
+
+
+def test_frame_reuses_exactly_when_the_frame_matches(spec, clip):
+    changed = clip[0].copy()
+    changed[:10, :10] = 255 - changed[:10, :10]  # one block changed a lot
+    frames = np.stack([clip[0], clip[0], changed, changed])
+    runner = make_runner(spec, "frame")
+    outs, infos, _ = _steps(runner, frames)
+    assert [bool(i["refreshed"]) for i in infos] == [True, False, True, False]
+    assert [float(i["flops_ratio"]) for i in infos] == [1.0, 0.0, 1.0, 0.0]
+    np.testing.assert_allclose(outs, _reference(spec, frames), rtol=1e-5, atol=1e-5)
+
+
+def test_frame_key_is_the_last_full_run(spec, clip):
+    """A slow drift is caught: the key does not follow the frames that hit."""
+    base = clip[0].astype(np.int16)
+    frames = np.stack([np.clip(base + 12 * k, 0, 255).astype(np.uint8) for k in range(6)])
+    _, infos, _ = _steps(make_runner(spec, "frame", {"psnr_threshold": 25.0}), frames)
+    hits = [not bool(i["refreshed"]) for i in infos]
+    assert hits[1] and not all(hits[1:])
+
+
+def test_deepmon_reuses_only_the_first_convs(spec, clip):
+    frames = np.stack([clip[0]] * 3)
+    runner = make_runner(spec, "deepmon", {"first_convs": 1})
+    _, infos, _ = _steps(runner, frames)
+    for info in infos[1:]:
+        rf = info["reuse_fraction"]
+        assert rf[0] == pytest.approx(1.0)
+        assert np.all(rf[1:] == 0.0)
+    assert runner.config["matcher"] == "histogram"
+    assert runner.config["cached_layers"] == [runner.layers[0].name]
+
+
+def test_deepmon_default_policy(spec):
+    runner = make_runner(spec, "deepmon")
+    # TinyCNN: conv1 at stride 1, conv2 at stride 2, conv3 at stride 4: all <= 4.
+    assert runner.config["first_convs"] == 3
+    assert make_runner(spec, "deepmon", {"max_stride": 2}).config["first_convs"] == 2
+    # Expiry 1 s at the spec's 10 fps: a full recompute every 10 frames.
+    assert runner.config["refresh_every"] == 10
+    assert make_runner(spec, "deepmon", {"expiry_s": 0.65}).config["refresh_every"] == 6
+
+
+def test_deepmon_expiry_refreshes(spec, clip):
+    frames = np.stack([clip[0]] * 7)
+    _, infos, _ = _steps(make_runner(spec, "deepmon", {"expiry_s": 0.3}), frames)
+    assert [bool(i["refreshed"]) for i in infos] == [True, False, False, True, False, False, True]
+
+
+def test_block_match_map_marks_exactly_the_changed_block():
+    rng = np.random.default_rng(0)
+    prev = jnp.asarray(rng.normal(size=(1, 12, 10, 4)), jnp.float32)
+    cur = prev.at[0, 4:8, 5:10].add(3.0)
+    hit = np.asarray(mil.block_match_map(cur, prev, (1, 2), 4, 20.0))
+    want = np.ones((12, 10), bool)
+    want[4:8, 4:10] = False  # blocks are 4 wide: columns 4..7 and 8..9 hold changes
+    np.testing.assert_array_equal(hit, want)
+    assert np.asarray(mil.block_match_map(prev, prev, (1, 2), 3, 200.0)).all()
+
+
+def test_mil_exact_threshold_is_exact_and_reuses(spec, clip):
+    """Only identical blocks match: the output is the full recompute's, with reuse taken."""
+    changed = clip[0].copy()
+    changed[:8, :8] = 0
+    frames = np.stack([clip[0], changed, changed])
+    runner = make_runner(spec, "mil", {"psnr_threshold": 400.0})
+    outs, infos, _ = _steps(runner, frames)
+    np.testing.assert_allclose(outs, _reference(spec, frames), rtol=1e-5, atol=1e-5)
+    rf = infos[1]["reuse_fraction"]
+    assert 0.3 < rf[0] < 1.0  # conv1 recomputes around the changed corner only
+    assert np.all(infos[2]["reuse_fraction"] == 1.0)
+
+
+def test_mil_fraction_limits_the_matched_layers(spec, clip):
+    """MIL-50%: only the first half of the convolutions are matched; the rest recompute."""
+    runner = make_runner(spec, "mil", {"psnr_threshold": 400.0, "fraction": 0.5})
+    assert runner.config["matched_layers"] == 2
+    frames = np.stack([clip[0], clip[0]])
+    _, infos, _ = _steps(runner, frames)
+    assert infos[1]["reuse_fraction"][2] == 0.0  # beyond MIL-50%: recomputed
+    assert infos[1]["reuse_fraction"][0] == 1.0
+
+
+def test_default_first_convs_counts_leading_high_resolution_layers(spec):
+    layers = spec.analysis.layers
+    assert deepmon.default_first_convs(layers, 1) == 1
+    assert deepmon.default_first_convs(layers, 2) == 2
+    assert deepmon.default_first_convs((), 4) == 0
+
+
+class _Grouped(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = nn.Conv(8, (3, 3), padding="SAME")(x)
+        x = nn.Conv(8, (3, 3), strides=(2, 2), padding="SAME", feature_group_count=8)(
+            x
+        )  # depthwise
+        x = nn.Conv(8, (3, 3), padding=((1, 1), (0, 2)), feature_group_count=2)(x)  # grouped
+        return x.mean((1, 2))
+
+
+def test_nocache_fast_and_plain_agree_on_grouped_convolutions(clip):
+    module = _Grouped()
+    size = clip.shape[1]
+    variables = module.init(jax.random.PRNGKey(1), jnp.zeros((1, size, size, 3)))
+    spec = methods.ModelSpec(
+        name="grouped", module=module, variables=variables, frame_shape=(size, size, 3)
+    )
+    fast = make_runner(spec, "nocache")
+    plain = make_runner(spec, "nocache", {"impl": "plain"})
+    assert fast.config == {"impl": "fast"} and plain.config == {"impl": "plain"}
+    a, _, _ = _steps(fast, clip[:2])
+    b, _, _ = _steps(plain, clip[:2])
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(b, _reference(spec, clip[:2]), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="impl"):
+        make_runner(spec, "nocache", {"impl": "fastest"})
+
+
+def test_config_dict_is_json_serialisable():
+    import dataclasses
+    import json
+
+    from dcjax.config import Config
+
+    cfg = Config(matcher_options={"grid": (4, 4)}, psnr_threshold=float("inf"))
+    d = methods.config_dict(cfg)
+    assert json.loads(json.dumps(d)) == d
+    assert d["matcher_options"] == {"grid": [4, 4]} and d["psnr_threshold"] == "inf"
+    assert set(d) == {f.name for f in dataclasses.fields(Config)}
+    refine = pytest.importorskip("dcjax.config").__dict__.get("RefineConfig")
+    if refine is not None:  # nested configs become dicts too
+        d = methods.config_dict(Config(refine=refine()))
+        assert isinstance(d["refine"], dict) and json.loads(json.dumps(d)) == d
+
+
+@pytest.mark.parametrize("method", ["deepcache+refine", "delta"])
+def test_refinement_methods_reuse_identical_frames_exactly(spec, clip, method):
+    runner = make_runner(spec, method, {"delta": 0.1, "layers": "all"})
+    frames = [clip[0], clip[0], clip[0]]
+    outs, infos, state = _steps(runner, frames)
+    np.testing.assert_allclose(outs, _reference(spec, frames), rtol=1e-5, atol=1e-5)
+    assert runner.config["refine"]["delta"] == 0.1
+    assert float(np.mean(infos[-1]["reuse_fraction"])) == 1.0
+    if method == "delta":
+        assert runner.config["matcher"] == "none"
+        assert float(infos[-1]["input_reuse"]) == 0.0  # reuse came from the change test alone

@@ -1,0 +1,93 @@
+"""Metrics records: definitions, consistency checks, agreement."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dcjax.eval import metrics
+
+
+def _record(**overrides):
+    layers = [SimpleNamespace(name="a", flops=300), SimpleNamespace(name="b", flops=100)]
+    ref = np.array([[[0.0, 1.0, 0.5]], [[2.0, 1.0, 0.0]], [[0.0, 0.0, 3.0]], [[1, 0, 0]]])
+    out = ref.copy()
+    out[3] = [[0.0, 0.2, 0.1]]  # top-1 changes on one frame of four
+    kwargs = dict(
+        model="m", video="v.mp4", method="deepcache", variant="deepcache",
+        latencies_ms=[4.0, 2.0, 2.0, 6.0], nocache_latencies_ms=[5.0, 5.0, 4.0, 6.0],
+        outputs=out, reference=ref,
+        infos={
+            "flops_ratio": np.array([1.0, 0.5, 0.25, 0.25]),
+            "match_ratio": np.array([0.0, 0.9, 0.7, np.nan]),
+            "refreshed": np.array([True, False, False, False]),
+            "reuse_fraction": np.array([[0, 0], [0.5, 0.0], [1.0, 0.5], [1.0, 0.5]]),
+        },
+        layers=layers, total_flops=400, cache_bytes=1234, config={"k": 1},
+        frame_shape=(8, 8, 3), compile_s=1.5,
+    )  # fmt: skip
+    kwargs.update(overrides)
+    return metrics.make_record(**kwargs)
+
+
+def test_record_values():
+    r = _record()
+    metrics.check_record(r)
+    assert set(metrics.RECORD_KEYS) <= set(r)
+    assert r["latency_ms"]["median"] == 3.0
+    assert r["nocache_latency_ms"]["median"] == 5.0
+    assert r["speedup"] == pytest.approx(5.0 / 3.0)
+    assert r["speedup_mean"] == pytest.approx(5.0 / 3.5)
+    assert r["ideal_speedup"] == pytest.approx(1.0 / 0.5)
+    assert r["efficiency"] == pytest.approx((5.0 / 3.0) / 2.0)
+    assert r["top1_agreement"] == 0.75
+    assert r["top5_agreement"] == 1.0  # three classes: everything is in the top five
+    assert r["match_ratio"] == pytest.approx(0.8)  # refresh frame and NaN left out
+    assert r["refreshes"] == 1
+    assert r["cache_bytes"] == 1234
+    assert [lay["reuse_fraction"] for lay in r["per_layer"]] == [0.625, 0.25]
+    assert r["output_mse"] == pytest.approx(np.mean(np.square([1, 0.2, 0.1])) / 4)
+
+
+def test_agreement_top_k():
+    ref = np.array([[0.0, 1.0, 2.0, 3.0], [3.0, 2.0, 1.0, 0.0]])
+    out = np.array([[3.0, 2.0, 1.0, 0.0], [3.0, 2.0, 1.0, 0.0]])
+    assert metrics.agreement(ref, out, 1) == 0.5
+    assert metrics.agreement(ref, out, 3) == 0.5
+    assert metrics.agreement(ref, out, 4) == 1.0
+    assert metrics.agreement(np.zeros((3, 1)), np.zeros((3, 1))) is None  # regression
+    assert metrics.agreement(np.zeros((3, 7, 7, 30)), np.zeros((3, 7, 7, 30))) is None
+
+
+@pytest.mark.parametrize(
+    "key,value,match",
+    [
+        ("speedup", 2.0, "ratio of medians"),
+        ("speedup_mean", 2.0, "ratio of means"),
+        ("efficiency", 0.1, "speedup / ideal"),
+        ("top1_agreement", 1.5, "outside"),
+        ("refreshes", 99, "refreshes"),
+    ],
+)
+def test_check_record_catches_inconsistency(key, value, match):
+    r = _record()
+    r[key] = value
+    with pytest.raises(ValueError, match=match):
+        metrics.check_record(r)
+
+
+def test_check_record_catches_missing_key():
+    r = _record()
+    del r["cache_bytes"]
+    with pytest.raises(ValueError, match="cache_bytes"):
+        metrics.check_record(r)
+
+
+def test_latency_stats():
+    s = metrics.latency_stats(list(range(1, 11)))
+    assert s["median"] == 5.5 and math.isclose(s["p90"], 9.1) and s["mean"] == 5.5
+    with pytest.raises(ValueError):
+        metrics.latency_stats([])

@@ -1,0 +1,70 @@
+"""Plots, the HTML report, the bench driver and the matcher comparison."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+from dcjax.eval import bench, harness, plots, report
+
+
+@pytest.fixture(scope="module")
+def bench_result():
+    return bench.run_bench(["dave"], ["vtest"], ["nocache", "deepcache", "deepmon"], frames=3,
+                           width=0.25, thresholds=[20, 30], blocks=[20], matchers=["static",
+                           "histogram"], progress=False)  # fmt: skip
+
+
+def test_run_bench_variants(bench_result):
+    records, rows = bench_result
+    assert [r["variant"] for r in records] == [
+        "nocache", "deepcache", "deepmon", "deepcache:psnr_threshold=30.0",
+        "deepcache:block_size=20",
+    ]  # fmt: skip
+    assert records[3]["config"]["psnr_threshold"] == 30.0
+    assert records[4]["config"]["block_size"] == 20
+    assert all(r["model"] == "dave" and r["video"] == "vtest" for r in records)
+    assert [r["matcher"] for r in rows] == ["static", "histogram"]
+    assert all(0 <= r["match_ratio"] <= 1 and r["ms"] > 0 for r in rows)
+
+
+def test_report_writes_html_and_its_pngs(bench_result, tmp_path):
+    records, rows = bench_result
+    frames = np.zeros((3, 16, 16, 3), np.uint8)
+    masks = np.zeros((3, 16, 16), bool)
+    masks[1, :8] = True
+    extra = {"strip": plots.mask_strip(frames, masks, [1, 2])}
+    path = tmp_path / "r" / "report.html"
+    pngs = report.write_report(str(path), records, figures=extra, matcher_rows=rows)
+    text = path.read_text()
+    for name in ("strip", "latency_by_method", "per_layer", "threshold_sweep",
+                 "block_size_sweep", "matchers", "cache_memory"):  # fmt: skip
+        assert name in pngs, name
+        assert os.path.getsize(pngs[name]) > 1000
+        with open(pngs[name], "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        assert f"href='{name}.png'" in text
+    assert len(re.findall(r"src='data:image/png;base64,", text)) == len(pngs)
+    assert "deepcache:psnr_threshold=30.0" in text and "dave" in text
+
+
+def test_sweep_needs_two_values(bench_result):
+    records, _ = bench_result
+    assert plots.sweep(records[:2], "psnr_threshold") is None
+    fig = plots.sweep(records, "psnr_threshold")
+    # Only the variants that differ from the default in the swept key: not block_size=20.
+    assert list(fig.axes[0].lines[0].get_xdata()) == [20.0, 30.0]
+    fig = plots.sweep(records, "block_size")
+    assert list(fig.axes[0].lines[0].get_xdata()) == [10.0, 20.0]
+
+
+def test_zoo_table_lists_the_zoo():
+    from dcjax import models
+
+    rows = harness.zoo_table()
+    assert [r["name"] for r in rows] == list(models.names())
+    alex = next(r for r in rows if r["name"] == "alexnet")
+    assert alex["convs"] == 5 and 1.0e9 < alex["conv_flops"] < 1.5e9

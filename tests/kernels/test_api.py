@@ -1,0 +1,133 @@
+"""masked_conv's dispatch, errors, auto choice and the tile plan helpers."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from dcjax.kernels import (
+    IMPLS,
+    choose_impl,
+    conv,
+    default_tile,
+    dirty_fraction,
+    masked_conv,
+    plan,
+    reference_masked_conv,
+)
+from dcjax.kernels.bench import LAYERS, blocky_mask
+
+
+def _problem(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(1, 20, 20, 3)).astype(np.float32)
+    w = rng.normal(size=(3, 3, 3, 5)).astype(np.float32)
+    cached = rng.normal(size=(1, 20, 20, 5)).astype(np.float32)
+    mask = rng.random((1, 20, 20)) > 0.3
+    return x, w, mask, cached, dict(strides=(1, 1), padding="SAME")
+
+
+def test_auto_is_default_and_correct() -> None:
+    x, w, mask, cached, kw = _problem()
+    out = np.asarray(masked_conv(x, w, mask, cached, **kw))
+    ref = np.asarray(reference_masked_conv(x, w, mask, cached, **kw))
+    np.testing.assert_allclose(out[~mask], ref[~mask], rtol=1e-4, atol=1e-4)
+
+
+def test_auto_table_choices_are_valid() -> None:
+    for name, (h, w_, cin, cout, k, s, g, pad, _) in LAYERS.items():
+        p = plan((1, h, w_, cin), (k, k, cin // g, cout), strides=(s, s), padding=pad, groups=g)
+        for backend in ("cpu", "gpu", "tpu"):
+            impl, tile = choose_impl(p, backend)
+            assert impl in IMPLS and impl not in ("auto", "pallas"), (name, backend, impl)
+            assert tile is None or (len(tile) == 2 and min(tile) >= 1)
+
+
+def test_unknown_impl_and_bad_shapes_raise() -> None:
+    x, w, mask, cached, kw = _problem()
+    with pytest.raises(ValueError, match="impl must be one of"):
+        masked_conv(x, w, mask, cached, impl="cuda", **kw)
+    with pytest.raises(ValueError, match="reuse_mask has shape"):
+        masked_conv(x, w, mask[:, :10], cached, **kw)
+    with pytest.raises(ValueError, match="cached has shape"):
+        masked_conv(x, w, mask, cached[..., :2], **kw)
+    with pytest.raises(ValueError, match="groups"):
+        masked_conv(x, w, mask, cached, groups=2, **kw)
+    if jax.default_backend() == "cpu":
+        for impl in ("pallas", "pallas_gpu", "pallas_tpu"):
+            with pytest.raises(ValueError, match="interpret=True"):
+                masked_conv(x, w, mask, cached, impl=impl, **kw)
+
+
+@pytest.mark.parametrize("impl", ["reference", "dense", "xla", "auto"])
+def test_every_impl_honours_the_contract_under_jit(impl: str) -> None:
+    x, w, mask, cached, kw = _problem(seed=2)
+    out = np.asarray(jax.jit(lambda *a: masked_conv(*a, impl=impl, **kw))(x, w, mask, cached))
+    ref = np.asarray(reference_masked_conv(x, w, mask, cached, **kw))
+    np.testing.assert_allclose(out[~mask], ref[~mask], rtol=1e-4, atol=1e-4)
+    fresh = np.asarray(conv(x, w, **kw))
+    is_fresh = np.isclose(out, fresh, rtol=1e-4, atol=1e-4).all(-1)
+    is_cached = (out == cached).all(-1)
+    # where reusable, each pixel is the cache or the fresh value, nothing else
+    assert (is_fresh | is_cached)[mask].all()
+
+
+@pytest.mark.parametrize(
+    ("side", "tile"), [(1, 1), (3, 3), (27, 4), (55, 4), (56, 4), (112, 8), (224, 16)]
+)
+def test_default_tile_rule(side: int, tile: int) -> None:
+    assert default_tile(side, side) == (tile, tile)
+    t = default_tile(side, side)[0]
+    assert 1 <= t <= 16 and (t >= 4 or t == side)
+
+
+@pytest.mark.parametrize(
+    ("k", "s", "d", "pad"),
+    [(11, 4, 1, "VALID"), (5, 1, 1, ((2, 2), (2, 2))), (3, 2, 2, "SAME"), (1, 3, 1, "VALID")],
+)
+def test_plan_geometry_matches_conv(k: int, s: int, d: int, pad) -> None:
+    x = jax.ShapeDtypeStruct((2, 31, 29, 4), np.float32)
+    w = jax.ShapeDtypeStruct((k, k, 4, 8), np.float32)
+    p = plan(x.shape, w.shape, strides=(s, s), padding=pad, dilation=(d, d))
+    out = jax.eval_shape(
+        lambda x, w: conv(x, w, strides=(s, s), padding=pad, dilation=(d, d)), x, w
+    )
+    assert out.shape == (2, p.ho, p.wo, 8)
+    assert p.win_h == (p.th - 1) * s + (k - 1) * d + 1
+    assert p.num_tiles == 2 * p.nty * p.ntx
+    assert all(a < b for a, b in zip(p.capacities, p.capacities[1:], strict=False))
+
+
+def test_dirty_fraction_counts_tiles() -> None:
+    mask = np.ones((2, 8, 8), bool)
+    assert float(dirty_fraction(mask, tile=(4, 4))) == 0.0
+    mask[0, 0, 0] = False  # one tile of 8
+    mask[1, 7, 7] = False  # one more
+    assert float(dirty_fraction(mask, (2, 8, 8, 3), tile=(4, 4))) == pytest.approx(2 / 8)
+    assert float(dirty_fraction(mask, tile=(8, 8))) == pytest.approx(2 / 2)
+    with pytest.raises(ValueError, match="does not match"):
+        dirty_fraction(mask, (2, 9, 8, 3))
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.1, 0.25, 0.5, 1.0])
+def test_blocky_mask_is_one_blob_of_the_requested_size(fraction: float) -> None:
+    m = blocky_mask((55, 55), fraction, 3, seed=1)
+    assert m.shape == (55, 55)
+    assert abs((~m).mean() - fraction) < 0.06
+    if 0 < fraction < 1:
+        ndimage = pytest.importorskip("scipy.ndimage")
+
+        _, count = ndimage.label(~m)
+        assert count == 1
+
+
+def test_auto_runs_small_layers_dense_on_cpu() -> None:
+    from dcjax.kernels import auto
+
+    small = plan((1, 14, 14, 32), (3, 3, 32, 32), strides=(1, 1), padding="SAME")
+    big = plan((1, 56, 56, 64), (3, 3, 64, 64), strides=(1, 1), padding="SAME")
+    assert auto.dense_flops(small) < auto.SMALL_LAYER_FLOPS < auto.dense_flops(big)
+    assert auto.choose(small, "cpu") == ("dense", None)
+    assert auto.choose(big, "cpu")[0] == "xla"
+    assert auto.choose(small, "gpu")[0] == "xla"

@@ -1,0 +1,196 @@
+"""The `xla` masked convolution against the dense oracle, tile by tile and branch by branch."""
+
+from __future__ import annotations
+
+import jax
+import jax.extend as jex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from dcjax.kernels import masked_conv, plan, reference_masked_conv, tiles, work_fraction
+from tests.kernels._strategies import Case, cases, computed_np, dense, dirty_tiles_np
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _expected_schedule(case: Case, p: tiles.TilePlan) -> tuple[bool, int]:
+    """(dense, chunks) from a numpy count of dirty tiles."""
+    n_dirty = int(dirty_tiles_np(case.mask, p.th, p.tw).sum())
+    if n_dirty > max(1, int(np.floor(p.dense_fraction * p.num_tiles))):
+        return True, 0
+    return False, -(-n_dirty // p.chunk)
+
+
+def check_sparse_contract(case: Case, out: np.ndarray, p: tiles.TilePlan, dense_path: bool) -> None:
+    """Asserts the masked_conv contract plus the path-specific skipping behaviour."""
+    ref = dense(case)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    fresh = ~case.mask
+    np.testing.assert_allclose(out[fresh], ref[fresh], rtol=1e-4, atol=1e-4)
+    if dense_path:
+        # dense path: every pixel is freshly computed
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+        return
+    computed = computed_np(case.mask, p)
+    # clean pixels are the cache, bit for bit: they were skipped
+    np.testing.assert_array_equal(out[~computed], case.cached[~computed])
+    # computed tiles hold fresh values everywhere, also on reusable pixels
+    np.testing.assert_allclose(out[computed], ref[computed], rtol=1e-4, atol=1e-4)
+
+
+@SETTINGS
+@given(cases())
+def test_xla_matches_reference(case: Case) -> None:
+    p = plan(case.x.shape, case.w.shape, tile=case.tile, **case.kwargs)
+    out = np.asarray(
+        masked_conv(
+            case.x, case.w, case.mask, case.cached, impl="xla", tile=case.tile, **case.kwargs
+        )
+    )
+    want_dense, want_chunks = _expected_schedule(case, p)
+    got_dense, got_chunks = tiles.schedule(tiles.tile_dirty(jnp.asarray(case.mask), p).sum(), p)
+    assert (bool(got_dense), int(got_chunks)) == (want_dense, want_chunks)
+    check_sparse_contract(case, out, p, want_dense)
+
+
+@settings(max_examples=15, deadline=None)
+@given(cases(max_k=5, max_hw=16))
+def test_reference_impl_is_dense_then_select(case: Case) -> None:
+    out = np.asarray(
+        masked_conv(case.x, case.w, case.mask, case.cached, impl="reference", **case.kwargs)
+    )
+    want = np.where(case.mask[..., None], case.cached, dense(case))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("name", "hw", "cin", "cout", "k", "s", "d", "g", "pad"),
+    [
+        ("alexnet_conv1_like", (45, 39), 3, 4, 11, 4, 1, 1, "VALID"),
+        ("alexnet_conv2_like", (13, 11), 4, 6, 5, 1, 1, 2, ((2, 2), (2, 2))),
+        ("depthwise_s2_same", (17, 18), 4, 4, 3, 2, 1, 4, "SAME"),
+        ("depthwise_mult2_dil2", (15, 15), 3, 6, 3, 1, 2, 3, "SAME"),
+        ("dilated_s3_explicit", (23, 19), 2, 3, 3, 3, 2, 1, ((3, 0), (1, 4))),
+        ("pointwise_s2", (14, 15), 5, 7, 1, 2, 1, 1, "VALID"),
+    ],
+)
+def test_named_layers_with_blob_masks(name, hw, cin, cout, k, s, d, g, pad) -> None:
+    """Fixed geometries of the issue's layer list with a blob mask and a single pixel."""
+    rng = np.random.default_rng(len(name))
+    x = rng.normal(size=(2, *hw, cin)).astype(np.float32)
+    wt = rng.normal(size=(k, k, cin // g, cout)).astype(np.float32)
+    kw = dict(strides=(s, s), padding=pad, dilation=(d, d), groups=g)
+    p = plan(x.shape, wt.shape, **kw)
+    mask = np.ones((2, p.ho, p.wo), bool)
+    mask[0, p.ho // 3 : p.ho // 3 + 3, 1:4] = False
+    mask[1, -1, -1] = False
+    cached = rng.normal(size=(2, p.ho, p.wo, cout)).astype(np.float32) + 100.0
+    case = Case(x, wt, mask, cached, (s, s), pad, (d, d), g, None)
+    out = np.asarray(jax.jit(lambda *a: masked_conv(*a, impl="xla", **kw))(x, wt, mask, cached))
+    check_sparse_contract(case, out, p, _expected_schedule(case, p)[0])
+
+
+def _fixed_case(n: int = 1, h: int = 24, w: int = 24, c: int = 3, k: int = 3, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, h, w, c)).astype(np.float32)
+    wt = rng.normal(size=(k, k, c, 4)).astype(np.float32)
+    kw = dict(strides=(1, 1), padding="SAME", dilation=(1, 1), groups=1)
+    cached = rng.normal(size=(n, h, w, 4)).astype(np.float32) + 100.0
+    return x, wt, cached, kw
+
+
+@pytest.mark.parametrize(
+    ("n_dirty", "dense_path", "chunks"),
+    [
+        (0, False, 0),
+        (1, False, 1),
+        (3, False, 1),
+        (4, False, 2),
+        (22, False, 8),
+        (23, True, 0),
+        (36, True, 0),
+    ],
+)
+def test_schedule_by_dirty_count(n_dirty: int, dense_path: bool, chunks: int) -> None:
+    """A 6x6 grid of 4x4 tiles, chunks of 3, dense above 22: path and work follow the count."""
+    x, wt, cached, kw = _fixed_case()
+    p = plan(x.shape, wt.shape, tile=(4, 4), **kw)
+    assert (p.nty, p.ntx, p.chunk, p.dense_threshold) == (6, 6, 3, 22)
+    mask = np.ones((1, 24, 24), bool)
+    for t in range(n_dirty):  # one false pixel in each of the first n_dirty tiles
+        mask[0, (t // 6) * 4 + 1, (t % 6) * 4 + 2] = False
+    case = Case(x, wt, mask, cached, (1, 1), "SAME", (1, 1), 1, (4, 4))
+    assert _expected_schedule(case, p) == (dense_path, chunks)
+    d = jnp.asarray(mask)
+    got_dense, got_chunks = tiles.schedule(tiles.tile_dirty(d, p).sum(), p)
+    assert (bool(got_dense), int(got_chunks)) == (dense_path, chunks)
+    expected_work = 1.0 if dense_path else chunks * 3 / 36
+    assert float(work_fraction(d, p)) == pytest.approx(expected_work)
+    out = np.asarray(masked_conv(x, wt, mask, cached, impl="xla", tile=(4, 4), **kw))
+    check_sparse_contract(case, out, p, dense_path)
+    if n_dirty == 0:
+        np.testing.assert_array_equal(out, cached)
+    if not dense_path:
+        assert (out == cached).sum() == (36 - n_dirty) * 16 * 4  # skipped tiles, exactly
+
+
+def test_batched_tiles_are_pooled_under_jit_and_vmap() -> None:
+    """N > 1 pools tiles; vmap over streams folds into N and keeps one real switch."""
+    x, wt, cached, kw = _fixed_case(n=1)
+    rng = np.random.default_rng(1)
+    xs = rng.normal(size=(3, 1, 24, 24, 3)).astype(np.float32)
+    masks = np.ones((3, 1, 24, 24), bool)
+    masks[0, 0, :5, :7] = False
+    masks[2, 0, 10, 10] = False
+    caches = np.stack([cached] * 3)
+
+    def f(x, m, c):
+        return masked_conv(x, wt, m, c, impl="xla", tile=(4, 4), **kw)
+
+    out = np.asarray(jax.jit(jax.vmap(f))(xs, masks, caches))
+    for i in range(3):
+        case = Case(xs[i], wt, masks[i], caches[i], (1, 1), "SAME", (1, 1), 1, (4, 4))
+        p = plan(xs[i].shape, wt.shape, tile=(4, 4), **kw)
+        # per stream, the behaviour of a pooled 3-image batch: still a sparse branch
+        check_sparse_contract(case, out[i], p, dense_path=False)
+    jaxpr = jax.make_jaxpr(jax.vmap(f))(xs, masks, caches)
+    conds = [e for e in _all_eqns(jaxpr.jaxpr) if e.primitive.name == "cond"]
+    assert len(conds) == 1
+    assert conds[0].invars[0].aval.shape == ()  # one unbatched predicate: no select
+    loops = [e for e in _all_eqns(jaxpr.jaxpr) if e.primitive.name == "while"]
+    assert loops  # the sparse loop survives vmap as a loop with a scalar trip count
+
+
+def _all_eqns(jaxpr):
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jex.core.jaxprs_in_params(eqn.params):
+            yield from _all_eqns(sub)
+
+
+def test_batched_equals_per_image() -> None:
+    x, wt, cached, kw = _fixed_case(n=2, seed=3)
+    mask = np.ones((2, 24, 24), bool)
+    mask[0, 3:9, 4:6] = False
+    mask[1, 20:, 20:] = False
+    out = np.asarray(masked_conv(x, wt, mask, cached, impl="xla", **kw))
+    ref = np.asarray(reference_masked_conv(x, wt, mask, cached, **kw))
+    np.testing.assert_allclose(out[~mask], ref[~mask], rtol=1e-4, atol=1e-4)
+    p = plan(x.shape, wt.shape, **kw)
+    comp = computed_np(mask, p)
+    np.testing.assert_array_equal(out[~comp], cached[~comp])
+
+
+def test_bfloat16_inputs_keep_dtype() -> None:
+    x, wt, cached, kw = _fixed_case()
+    mask = np.ones((1, 24, 24), bool)
+    mask[0, :4, :4] = False
+    xb, wb, cb = (jnp.asarray(a, jnp.bfloat16) for a in (x, wt, cached))
+    out = masked_conv(xb, wb, mask, cb, impl="xla", **kw)
+    ref = reference_masked_conv(xb, wb, mask, cb, **kw)
+    assert out.dtype == ref.dtype == jnp.bfloat16
+    np.testing.assert_allclose(
+        np.asarray(out, np.float32)[~mask], np.asarray(ref, np.float32)[~mask], rtol=2e-2, atol=0.1
+    )

@@ -1,0 +1,214 @@
+"""DeepCache Section 4 on real photos: motion, mask, PSNR, options, errors."""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dcjax.matching import MATCH_SEARCHES, Match, match
+from tests.matching.frames import (
+    block_ssd_np,
+    blocks,
+    degrade,
+    luma,
+    photo,
+    psnr_np,
+    shifted_pair,
+)
+
+SEARCHES = ("diamond", "three_step", "exhaustive")
+
+
+def _inside_blocks(shape, bs, motion) -> np.ndarray:
+    """(nby, nbx) bool: the block displaced by ``motion`` stays inside the frame."""
+    h, w = shape
+    dy, dx = motion
+    nby, nbx = math.ceil(h / bs), math.ceil(w / bs)
+    out = np.zeros((nby, nbx), bool)
+    for by, bx, y0, x0, bh, bw in blocks(shape, bs):
+        out[by, bx] = 0 <= y0 + dy and y0 + dy + bh <= h and 0 <= x0 + dx and x0 + dx + bw <= w
+    return out
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+@pytest.mark.parametrize(
+    ("name", "motion"),
+    [("astronaut", (3, -2)), ("chelsea", (-5, 6)), ("coffee", (7, -7)), ("camera", (0, 4))],
+)
+def test_pan_with_noise_and_brightness_is_recovered(search, name, motion):
+    prev, cur = shifted_pair(photo(name), motion)
+    cur = degrade(cur, noise=2.0, brightness=4.0)
+    m = match(prev, cur, search=search)
+    assert tuple(np.asarray(m.motion)) == motion
+    inside = _inside_blocks(prev.shape[:2], 10, motion)
+    block_mask = np.asarray(m.mask)[::10, ::10]
+    # Every block that stays inside the previous frame matches; no other does.
+    np.testing.assert_array_equal(block_mask, inside)
+    assert float(m.match_ratio) == pytest.approx(inside.mean())
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_pasted_object_moving_differently_is_not_reused(search):
+    background = photo("chelsea")
+    obj = photo("coffee")[150:180, 200:230]  # 30x30 textured patch
+    motion = (2, -3)
+    prev, cur = shifted_pair(background, motion, shape=(64, 84))
+    # The object sits at rows 20..50, cols 30..60 of cur and moved by (-4, 5)
+    # relative to the background: in prev it is at rows 16..46, cols 35..65.
+    cur[20:50, 30:60] = obj
+    prev[16:46, 35:65] = obj
+    cur = degrade(cur, seed=1)
+    m = match(prev, cur, search=search)
+    assert tuple(np.asarray(m.motion)) == motion
+    mask = np.asarray(m.mask)
+    # Blocks covered by the object in cur are not reusable ...
+    assert not mask[20:50, 30:60][::10, ::10].any()
+    # ... nor are blocks whose source in prev (at + motion) is the object.
+    src = np.zeros(mask.shape, bool)
+    src[16 - motion[0] : 46 - motion[0], 35 - motion[1] : 65 - motion[1]] = True
+    for _, _, y0, x0, bh, bw in blocks(mask.shape, 10):
+        if src[y0 : y0 + bh, x0 : x0 + bw].mean() > 0.5:
+            assert not mask[y0, x0]
+    # Elsewhere almost every block inside the frame matches.
+    inside = _inside_blocks(mask.shape, 10, motion)
+    clean = inside.copy()
+    for by, bx, y0, x0, bh, bw in blocks(mask.shape, 10):
+        touched = np.zeros(mask.shape, bool)
+        touched[y0 : y0 + bh, x0 : x0 + bw] = True
+        obj_cur = np.zeros(mask.shape, bool)
+        obj_cur[20:50, 30:60] = True
+        if (touched & (obj_cur | src)).any():
+            clean[by, bx] = False
+    assert mask[::10, ::10][clean].mean() >= 0.95
+
+
+def test_outliers_do_not_bias_the_global_motion():
+    """A large object (about 30% of blocks) moving elsewhere leaves the motion exact."""
+    motion = (-3, 2)
+    prev, cur = shifted_pair(photo("astronaut"), motion)
+    obj = photo("coffee")[100:130, 100:140]
+    cur[10:40, 10:50] = obj
+    prev[14:44, 16:56] = obj  # the object's own vector is (4, 6)
+    m = match(prev, cur, search="exhaustive")
+    vecs = np.asarray(m.block_vectors).reshape(-1, 2)
+    assert (vecs == (4, 6)).all(-1).sum() >= 8  # the object's blocks did see their own vector
+    assert tuple(np.asarray(m.motion)) == motion
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_block_psnr_and_mask_match_a_numpy_reference(search):
+    motion = (4, 3)
+    prev, cur = shifted_pair(photo("coffee"), motion)
+    cur = degrade(cur, noise=4.0, brightness=6.0, seed=3)
+    cur[30:50, 40:70] = degrade(cur[30:50, 40:70], noise=40.0, seed=4)  # a badly matching area
+    threshold = 25.0
+    m = match(prev, cur, search=search, psnr_threshold=threshold)
+    assert tuple(np.asarray(m.motion)) == motion
+    pl, cl = luma(prev), luma(cur)
+    psnr = np.asarray(m.block_psnr)
+    mask = np.asarray(m.mask)
+    n_matched = 0
+    for by, bx, y0, x0, bh, bw in blocks(pl.shape, 10):
+        dy, dx = motion
+        if not (0 <= y0 + dy and y0 + dy + bh <= pl.shape[0]):
+            assert psnr[by, bx] == -np.inf and not mask[y0 : y0 + bh, x0 : x0 + bw].any()
+            continue
+        if not (0 <= x0 + dx and x0 + dx + bw <= pl.shape[1]):
+            assert psnr[by, bx] == -np.inf and not mask[y0 : y0 + bh, x0 : x0 + bw].any()
+            continue
+        ref = psnr_np(block_ssd_np(pl, cl, y0, x0, bh, bw, dy, dx), bh * bw)
+        assert psnr[by, bx] == pytest.approx(ref, abs=1e-3)
+        block = mask[y0 : y0 + bh, x0 : x0 + bw]
+        assert block.all() == block.any()  # the mask is a union of whole blocks
+        if abs(ref - threshold) > 1e-3:
+            assert block.all() == (ref > threshold)
+        n_matched += block.all()
+    assert 0 < n_matched < psnr.size  # the threshold really splits the blocks
+    assert float(m.match_ratio) == pytest.approx(n_matched / psnr.size)
+
+
+def test_mask_never_points_outside_the_previous_frame():
+    motion = (-7, 7)
+    prev, cur = shifted_pair(photo("camera"), motion)
+    m = match(prev, cur, search="diamond", init_motion=motion)
+    assert tuple(np.asarray(m.motion)) == motion
+    ys, xs = np.nonzero(np.asarray(m.mask))
+    assert ys.size > 0
+    assert (ys + motion[0] >= 0).all() and (ys + motion[0] < prev.shape[0]).all()
+    assert (xs + motion[1] >= 0).all() and (xs + motion[1] < prev.shape[1]).all()
+
+
+def test_identical_frames_and_infinite_threshold():
+    frame = photo("astronaut")[:64, :84]
+    m = match(frame, frame)
+    assert tuple(np.asarray(m.motion)) == (0, 0)
+    assert bool(np.asarray(m.mask).all())
+    assert np.isinf(np.asarray(m.block_psnr)).all()
+    never = match(frame, frame, psnr_threshold=float("inf"))
+    assert not np.asarray(never.mask).any()
+    assert float(never.match_ratio) == 0.0
+
+
+def test_float_frames_match_like_uint8():
+    prev, cur = shifted_pair(photo("chelsea"), (2, 5))
+    cur = degrade(cur)
+    a = match(prev, cur)
+    b = match(prev.astype(np.float32) / 255.0, cur.astype(np.float32) / 255.0)
+    c = match(prev.astype(np.float32), cur.astype(np.float32), data_range=255.0)
+    for other in (b, c):
+        np.testing.assert_array_equal(np.asarray(a.motion), np.asarray(other.motion))
+        np.testing.assert_array_equal(np.asarray(a.mask), np.asarray(other.mask))
+        np.testing.assert_allclose(
+            np.asarray(a.block_psnr), np.asarray(other.block_psnr), atol=1e-3
+        )
+
+
+def test_rgb_psnr_option():
+    prev, cur = shifted_pair(photo("coffee"), (1, -1))
+    cur = degrade(cur)
+    m = match(prev, cur, color="rgb", search="exhaustive")
+    assert tuple(np.asarray(m.motion)) == (1, -1)
+    # The RGB PSNR of one block, in NumPy.
+    a = cur[10:20, 10:20].astype(np.float64)
+    b = prev[11:21, 9:19].astype(np.float64)
+    ref = psnr_np(np.square(a - b).sum(), a.size)
+    assert np.asarray(m.block_psnr)[1, 1] == pytest.approx(ref, abs=1e-3)
+
+
+def test_match_returns_the_pytree_and_search_none_is_static():
+    prev, cur = shifted_pair(photo("astronaut"), (0, 0))
+    m = match(prev, cur, search="none")
+    assert isinstance(m, Match)
+    assert tuple(np.asarray(m.motion)) == (0, 0)
+    assert m.mask.shape == prev.shape[:2] and m.mask.dtype == jnp.bool_
+    d = match(prev, cur)
+    assert d.block_vectors.shape == (7, 9, 2) and d.block_vectors.dtype == jnp.int32
+    assert d.block_psnr.shape == (7, 9) and d.block_psnr.dtype == jnp.float32
+    assert d.motion.dtype == jnp.int32
+    assert MATCH_SEARCHES == ("none", "diamond", "three_step", "exhaustive")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"search": "hexagon"}, "search"),
+        ({"k_skip": 0}, "k_skip"),
+        ({"block_size": 0}, "block_size"),
+        ({"search_range": -1}, "search_range"),
+        ({"max_steps": -1}, "max_steps"),
+        ({"color": "hsv"}, "color"),
+        ({"init_motion": (1, 2, 3)}, "init_motion"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs, message):
+    frame = photo("camera")[:20, :20]
+    with pytest.raises(ValueError, match=message):
+        match(frame, frame, **kwargs)
+
+
+def test_frames_of_different_shapes_are_rejected():
+    with pytest.raises(ValueError, match="one shape"):
+        match(np.zeros((20, 20, 3), np.uint8), np.zeros((20, 21, 3), np.uint8))

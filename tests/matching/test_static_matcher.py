@@ -1,0 +1,79 @@
+"""The same-position block matcher against a NumPy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from skimage import data
+
+from dcjax.matching import static_match
+
+
+def _reference(prev, cur, block, threshold, peak):
+    h, w, _ = cur.shape
+    y = lambda f: f.astype(np.float64) @ np.array([0.299, 0.587, 0.114])
+    err = (y(cur) - y(prev)) ** 2
+    nby, nbx = -(-h // block), -(-w // block)
+    psnr = np.empty((nby, nbx))
+    for i in range(nby):
+        for j in range(nbx):
+            mse = err[i * block : (i + 1) * block, j * block : (j + 1) * block].mean()
+            psnr[i, j] = np.inf if mse == 0 else 10 * np.log10(peak**2 / mse)
+    matched = psnr > threshold
+    mask = np.kron(matched, np.ones((block, block), bool))[:h, :w]
+    return psnr, mask
+
+
+@pytest.mark.parametrize("block", [7, 10, 16])
+def test_matches_numpy_reference_with_partial_edge_blocks(block):
+    prev = data.astronaut()[:67, :53]
+    rng = np.random.default_rng(0)
+    cur = prev.copy()
+    cur[20:40, 10:30] = rng.integers(0, 256, (20, 20, 3))  # a changed region
+    noise = rng.normal(0, 3, cur.shape)
+    cur = np.clip(cur + noise, 0, 255).astype(np.uint8)
+    m = static_match(prev, cur, block_size=block, psnr_threshold=30.0)
+    psnr, mask = _reference(prev, cur, block, 30.0, 255.0)
+    np.testing.assert_allclose(np.asarray(m.block_psnr), psnr, rtol=1e-4)
+    np.testing.assert_array_equal(np.asarray(m.mask), mask)
+    assert 0.0 < float(m.match_ratio) < 1.0
+    assert float(m.match_ratio) == pytest.approx((psnr > 30.0).mean())
+    np.testing.assert_array_equal(np.asarray(m.motion), [0, 0])
+
+
+def test_float_frames_use_unit_peak_and_identical_frames_match():
+    f = data.chelsea()[:40, :40].astype(np.float32) / 255.0
+    m = static_match(f, f, block_size=10, psnr_threshold=40.0)
+    assert bool(np.asarray(m.mask).all()) and np.isinf(np.asarray(m.block_psnr)).all()
+    g = np.clip(f + 0.01, 0, 1)
+    m = static_match(f, g, block_size=10, psnr_threshold=35.0)
+    psnr, _ = _reference(f, g, 10, 35.0, 1.0)
+    np.testing.assert_allclose(np.asarray(m.block_psnr), psnr, rtol=1e-4)
+    assert bool(np.asarray(m.mask).all())  # ~40 dB for a 0.01 offset
+
+
+def test_infinite_threshold_never_matches():
+    f = data.camera()[:30, :30, None].repeat(3, -1)
+    m = static_match(f, f, block_size=10, psnr_threshold=float("inf"))
+    assert not np.asarray(m.mask).any()
+
+
+def test_rgb_mode_sees_chroma_changes_luma_does_not():
+    prev = np.full((20, 20, 3), 100, np.uint8)
+    cur = prev.copy()
+    # a change that keeps luma: +30 red, -15.28 green (0.299*30 == 0.587*15.28)
+    cur[..., 0] += 30
+    cur[..., 1] -= 15
+    luma = static_match(prev, cur, block_size=10, psnr_threshold=35.0, color="luma")
+    rgb = static_match(prev, cur, block_size=10, psnr_threshold=35.0, color="rgb")
+    assert np.asarray(luma.mask).all() and not np.asarray(rgb.mask).any()
+
+
+def test_bad_arguments():
+    f = np.zeros((10, 10, 3), np.uint8)
+    with pytest.raises(ValueError, match="one shape"):
+        static_match(f, np.zeros((10, 12, 3), np.uint8))
+    with pytest.raises(ValueError, match="block_size"):
+        static_match(f, f, block_size=0)
+    with pytest.raises(ValueError, match="color"):
+        static_match(f, f, color="hsv")

@@ -1,0 +1,105 @@
+"""The ``dcjax`` command: argument errors, ``models``, and tiny ``run``/``demo``/``bench``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dcjax import cli, models, video
+from dcjax.eval import metrics
+
+TINY = ["--model", "dave", "--width", "0.25", "--frames", "3", "--no-progress"]
+
+
+@pytest.mark.parametrize(
+    "argv,named",
+    [
+        ([], "COMMAND"),
+        (["frobnicate"], "COMMAND"),
+        (["run"], "VIDEO"),
+        (["run", "vtest"], "--model"),
+        (["run", "missing_video.mp4", "--model", "dave"], "VIDEO"),
+        (["run", "vtest", "--model", "nope"], "--model"),
+        (["run", "vtest", "--model", "dave", "--method", "bogus"], "--method"),
+        (["run", "vtest", "--model", "dave", "--method", "deepcache:x"], "--method"),
+        (["run", "vtest", "--model", "dave", "--frames", "1"], "--frames"),
+        (["bench", "--frames", "ten"], "--frames"),
+        (["bench", "--models", "dave", "nope"], "--models"),
+        (["bench", "--methods", "bogus"], "--methods"),
+        (["bench", "--videos", "nowhere.avi"], "--videos"),
+        (["bench", "--matchers", "bogus"], "--matchers"),
+        (["bench", "--pretrained", "maybe"], "--pretrained"),
+        (["demo", "--width", "0"], "--width"),
+        (["demo", "--video", "nowhere.avi"], "--video"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(argv, named, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("dcjax: error:") and named in lines[0]
+
+
+def test_module_entry_point_bad_argument():
+    proc = subprocess.run(
+        [sys.executable, "-m", "dcjax", "bench", "--frames", "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "--frames" in proc.stderr
+
+
+def test_models_lists_the_zoo(capsys):
+    assert cli.main(["models"]) == 0
+    out = capsys.readouterr().out
+    for name in models.names():
+        assert name in out
+    assert "227x227x3" in out and "66x200x3" in out
+    assert "conv GFLOPs" in out
+
+
+def test_run_writes_json_and_annotated_video(tmp_path, capsys):
+    js, mp4 = tmp_path / "run.json", tmp_path / "annotated.mp4"
+    argv = ["run", "vtest", *TINY, "--json", str(js), "--out", str(mp4)]
+    assert cli.main(argv) == 0
+    records = json.loads(js.read_text())
+    assert [r["method"] for r in records] == ["nocache", "deepcache"]
+    for r in records:
+        metrics.check_record(r)
+        assert r["model"] == "dave" and r["video"] == "vtest" and r["frames"] == 3
+    assert video.info(mp4).frames == 3
+    assert "speedup" in capsys.readouterr().out
+
+
+def test_demo_writes_report(tmp_path, capsys):
+    out_dir = tmp_path / "demo"
+    assert cli.main(["demo", *TINY, "--out", str(out_dir)]) == 0
+    text = capsys.readouterr().out
+    assert "ideal" in text and "reuse per layer" in text and "Dave" in text
+    html = (out_dir / "report.html").read_text()
+    for png in ("reuse_masks.png", "timeline.png", "latency_by_method.png", "per_layer.png"):
+        assert os.path.exists(out_dir / png), png
+        assert f"href='{png}'" in html
+    records = json.loads((out_dir / "metrics.json").read_text())
+    assert [r["method"] for r in records] == ["nocache", "deepcache"]
+
+
+def test_bench_writes_json_and_report(tmp_path, capsys):
+    js, html = tmp_path / "b.json", tmp_path / "b.html"
+    argv = ["bench", "--models", "dave", "--videos", "vtest", "--methods", "deepcache", "frame",
+            "--frames", "3", "--width", "0.25", "--no-progress", "--json", str(js),
+            "--report", str(html)]  # fmt: skip
+    assert cli.main(argv) == 0
+    records = json.loads(js.read_text())
+    assert [r["method"] for r in records] == ["nocache", "deepcache", "frame"]
+    assert html.exists() and "latency_by_method.png" in html.read_text()
+    assert "wrote" in capsys.readouterr().out

@@ -1,0 +1,172 @@
+"""Refinement of reuse masks inside the network (Config(refine=...))."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from skimage import data, transform
+
+from dcjax import deepcache
+from dcjax.config import RefineConfig
+from dcjax.transforms import refine as refine_lib
+
+SIZE = 32
+DN = ("NHWC", "HWIO", "NHWC")
+
+
+def _conv(x, w, groups=1):
+    return lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=DN, feature_group_count=groups
+    )
+
+
+def two_layers(params, x):
+    """Returns every conv output, so tests can check each layer on its own input."""
+    y1 = _conv(x, params["w1"])
+    y2 = _conv(jax.nn.relu(y1), params["w2"])
+    return y1, y2
+
+
+PARAMS = {
+    "w1": jax.random.normal(jax.random.key(0), (3, 3, 3, 8)) * 0.3,
+    "w2": jax.random.normal(jax.random.key(1), (3, 3, 8, 8)) * 0.2,
+}
+
+
+@functools.cache
+def _photo_stream(n: int, drift: float, noise: float, seed: int = 0) -> np.ndarray:
+    """A real photo under slow brightness drift and sensor noise, float32 [0, 1]."""
+    img = transform.resize(data.coffee(), (SIZE, SIZE), anti_aliasing=True).astype(np.float32)
+    rng = np.random.default_rng(seed)
+    frames = [
+        np.clip(img * (1.0 + drift * t) + rng.normal(0, noise, img.shape), 0, 1) for t in range(n)
+    ]
+    return np.stack(frames).astype(np.float32)
+
+
+# Non-negative weights make the L1 bound tight against a uniform brightness drift,
+# so a drift that accumulated past 2 delta would break it.
+POSITIVE = jax.tree_util.tree_map(jnp.abs, PARAMS)
+
+
+def _transform(refine, params=PARAMS, **kw):
+    cfg = deepcache.Config(refine=refine, **kw)
+    return deepcache.transform(two_layers, params, frame_shape=(SIZE, SIZE, 3), config=cfg)
+
+
+def test_delta_zero_reproduces_plain_deepcache():
+    frames = _photo_stream(6, 0.0, 0.0).copy()
+    frames[3:, 5:12, 8:20] = 1.0 - frames[3:, 5:12, 8:20]  # an object appears
+    plain = _transform(None)
+    zero = _transform(RefineConfig(delta=0.0, layers="all"))
+    sp, sz = plain.init(), zero.init()
+    for f in frames:
+        op, sp, ip = plain.step(sp, f)
+        oz, sz, iz = zero.step(sz, f)
+        np.testing.assert_array_equal(np.asarray(ip["reuse_fraction"]), iz["reuse_fraction"])
+        for a, b in zip(op, oz):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("metric", ["max_abs", "rms"])
+def test_error_bound_per_layer_and_no_accumulation(metric):
+    """40 frames of drift and noise, no refresh: every layer stays within its bound."""
+    delta = 0.1
+    cached = _transform(
+        RefineConfig(delta=delta, metric=metric, layers="all"),
+        POSITIVE,
+        matcher="none",
+        refresh_every=None,
+    )
+    frames = _photo_stream(40, 0.012, 0.002)  # per frame under delta, in total well over
+    state = cached.init()
+    reused_late = []
+    for t, f in enumerate(frames):
+        (y1, y2), state, info = cached.step(state, f)
+        scale = np.asarray(state.ref_scale)
+        inputs = [jnp.asarray(f)[None], jax.nn.relu(y1)]
+        for layer, (x, y, w) in enumerate(zip(inputs, (y1, y2), (POSITIVE["w1"], POSITIVE["w2"]))):
+            err = np.abs(np.asarray(y) - np.asarray(_conv(x, w))).max(axis=(0, 1, 2))
+            bound = refine_lib.error_bound(w, delta * scale[layer], metric, w.shape[2])
+            assert (err <= np.asarray(bound) + 1e-5).all(), (t, layer, err, bound)
+        if t >= 20:
+            reused_late.append(np.asarray(info["reuse_fraction"]))
+    assert scale.min() > 0
+    # refinement actually reuses on this stream, to the end
+    assert np.mean(reused_late) > 0.3
+
+
+def test_refinement_increases_reuse_on_real_noise():
+    frames = _photo_stream(5, 0.0, 0.04)  # noise under ~28 dB PSNR: blocks do not match
+    plain = _transform(None, matcher="static", psnr_threshold=30.0)
+    refined = _transform(
+        RefineConfig(delta=0.6, layers="all"), matcher="static", psnr_threshold=30.0
+    )
+    for cached, name in ((plain, "plain"), (refined, "refined")):
+        state = cached.init()
+        for f in frames:
+            _, state, info = cached.step(state, f)
+        if name == "plain":
+            plain_reuse = np.asarray(info["reuse_fraction"])
+    refined_reuse = np.asarray(info["reuse_fraction"])
+    assert plain_reuse.max() < 0.2
+    assert (refined_reuse > plain_reuse + 0.2).all(), (plain_reuse, refined_reuse)
+
+
+def test_refresh_resets_references():
+    cached = _transform(RefineConfig(delta=0.5, layers="all"), refresh_every=3)
+    frames = _photo_stream(4, 0.01, 0.01)
+    state = cached.init()
+    flags = []
+    for f in frames:
+        (y1, _), state, info = cached.step(state, f)
+        flags.append(bool(info["refreshed"]))
+        if flags[-1]:
+            np.testing.assert_array_equal(np.asarray(state.refs[0][0]), f)
+            np.testing.assert_allclose(
+                np.asarray(state.refs[1]), np.asarray(jax.nn.relu(y1)), rtol=1e-6
+            )
+    assert flags == [True, False, False, True]
+
+
+def test_scene_cut_resets_references():
+    cached = _transform(RefineConfig(delta=0.5, layers="all"), matcher="static", min_match=0.5)
+    f = _photo_stream(1, 0.0, 0.0)[0]
+    state = cached.init()
+    for frame in (f, f, 1.0 - f):
+        _, state, info = cached.step(state, frame)
+    assert bool(info["refreshed"])
+    np.testing.assert_array_equal(np.asarray(state.refs[0][0]), 1.0 - f)
+
+
+def test_auto_layers_skip_cheap_depthwise_convolutions():
+    def fn(p, x):
+        x = _conv(x, p["stem"])
+        x = _conv(x, p["dw"], groups=16)  # depthwise 3x3: 9 MACs per input element
+        return _conv(x, p["pw"])  # pointwise 1x1 -> 32: 32 MACs per input element
+
+    params = {
+        "stem": jnp.ones((3, 3, 3, 16)),
+        "dw": jnp.ones((3, 3, 1, 16)),
+        "pw": jnp.ones((1, 1, 16, 32)),
+    }
+    layers = deepcache.transform(fn, params, frame_shape=(8, 8, 3)).layers
+    assert refine_lib.refined_layers(layers, RefineConfig()) == (True, False, True)
+    names = (layers[1].name,)
+    assert refine_lib.refined_layers(layers, RefineConfig(layers=names)) == (False, True, False)
+    with pytest.raises(ValueError, match="unknown layers"):
+        refine_lib.refined_layers(layers, RefineConfig(layers=("nope",)))
+
+
+def test_refine_config_validation():
+    with pytest.raises(ValueError, match="RefineConfig.delta"):
+        RefineConfig(delta=-1.0)
+    with pytest.raises(ValueError, match="RefineConfig.metric"):
+        RefineConfig(metric="l1")
+    with pytest.raises(ValueError, match="Config.refine"):
+        deepcache.Config(refine=0.1)
