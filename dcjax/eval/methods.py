@@ -51,9 +51,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dcjax import deepcache
+from dcjax import kernels as _kernels
 from dcjax.config import Config
-from dcjax.kernels import tiles as _tiles
-from dcjax.kernels import xla as _xla
 from dcjax.transforms.interpreter import FrameContext, evaluate
 from dcjax.transforms.signatures import Spatial, analyze
 from dcjax.transforms.trace import as_function, trace_model
@@ -82,8 +81,6 @@ __all__ = [
 #: otherwise (``Config``'s own default, ``"reference"``, is dense + select and
 #: saves nothing).
 DEFAULT_KERNEL = "auto"
-
-_NHWC = ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -314,28 +311,10 @@ def dense_conv(eqn: Any, invals: Sequence[Any]) -> jax.Array:
     """A convolution equation computed in full, as the sparse kernels' dense branch does.
 
     On CPU, XLA's grouped (and depthwise) convolutions are slow; the kernels'
-    dense path rewrites them (`dcjax.kernels.xla.valid_conv`), and so does this
-    baseline, so that ``nocache`` is not handicapped against the cached methods.
-    Other convolutions are bound as they are.
+    dense path rewrites them, and so does this baseline, so that ``nocache`` is
+    not handicapped against the cached methods (`dcjax.kernels.dense_conv_eqn`).
     """
-    p = eqn.params
-    dn = p["dimension_numbers"]
-    x, w = invals
-    nhwc = (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)) == _NHWC
-    if (
-        nhwc
-        and p["feature_group_count"] > 1
-        and tuple(p["lhs_dilation"]) == (1, 1)
-        and p["batch_group_count"] == 1
-        and jax.default_backend() == "cpu"
-    ):
-        plan = _tiles.plan(
-            x.shape, w.shape, strides=p["window_strides"], padding=p["padding"],
-            dilation=p["rhs_dilation"], groups=p["feature_group_count"],
-        )  # fmt: skip
-        out = _xla.valid_conv(_tiles.pad_input(x, plan), w, plan, True)
-        return out.astype(jnp.result_type(x.dtype, w.dtype))
-    return eqn.primitive.bind(x, w, **p)
+    return _kernels.dense_conv_eqn(eqn, invals)
 
 
 def fast_apply(spec: ModelSpec) -> tuple[Callable[[Any, jax.Array], Any], list]:

@@ -19,7 +19,7 @@ bit and spend no convolution work on it.
 """
 
 from dcjax.kernels.auto import choose as choose_impl
-from dcjax.kernels.masked import IMPLS, masked_conv
+from dcjax.kernels.masked import IMPLS, dense_conv_eqn, masked_conv
 from dcjax.kernels.reference import conv, reference_masked_conv
 from dcjax.kernels.tiles import (
     TilePlan,
@@ -35,6 +35,7 @@ __all__ = [
     "choose_impl",
     "conv",
     "default_tile",
+    "dense_conv_eqn",
     "dirty_fraction",
     "masked_conv",
     "plan",

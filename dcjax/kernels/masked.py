@@ -20,7 +20,7 @@ from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.reference import reference_masked_conv
 from dcjax.kernels.xla import dense_conv, xla_masked_conv
 
-__all__ = ["IMPLS", "masked_conv"]
+__all__ = ["IMPLS", "dense_conv_eqn", "masked_conv"]
 
 #: Accepted values of ``impl``.
 IMPLS = ("auto", "reference", "dense", "xla", "pallas", "pallas_gpu", "pallas_tpu")
@@ -122,3 +122,34 @@ def masked_conv(
     return pallas_tpu_masked_conv(
         x, w, reuse_mask, cached, tile=tile, interpret=interpret, **kwargs
     )
+
+
+_NHWC = ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
+
+
+def dense_conv_eqn(eqn, invals) -> jax.Array:
+    """A ``conv_general_dilated`` equation computed in full, as the dense path does.
+
+    On CPU, XLA's grouped (and depthwise) convolutions are slow; NHWC/HWIO
+    grouped convolutions go through `dcjax.kernels.xla.dense_conv` (the sparse
+    kernels' own dense path), everything else is bound as it is. The no-cache
+    baseline and the semantic exits use this so they compute convolutions the
+    way the cached step does.
+    """
+    p = eqn.params
+    dn = p["dimension_numbers"]
+    x, w = invals
+    nhwc = (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)) == _NHWC
+    if (
+        nhwc
+        and p["feature_group_count"] > 1
+        and tuple(p["lhs_dilation"]) == (1, 1)
+        and p["batch_group_count"] == 1
+        and jax.default_backend() == "cpu"
+    ):
+        tp = _tiles.plan(
+            x.shape, w.shape, strides=p["window_strides"], padding=p["padding"],
+            dilation=p["rhs_dilation"], groups=p["feature_group_count"],
+        )  # fmt: skip
+        return dense_conv(x, w, tp)
+    return eqn.primitive.bind(x, w, **p)

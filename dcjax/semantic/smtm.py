@@ -47,14 +47,13 @@ import numpy as np
 from jax import lax
 
 from dcjax.config import SemanticConfig
+from dcjax.kernels import dense_conv_eqn
 from dcjax.semantic import memory as mem
 from dcjax.transforms import exits
 from dcjax.transforms.interpreter import Env, FrameContext, dense_reuse, run_eqns
 from dcjax.transforms.signatures import Analysis
 
 __all__ = ["SemanticExits"]
-
-_NHWC = ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
 
 
 class SemanticExits:
@@ -178,7 +177,7 @@ class SemanticExits:
 
         def reuse_here(index, eqn, invals, mask):
             if self.dense:  # no cache to read or write: the fastest dense convolution
-                return _dense_conv(eqn, invals), (jnp.float32(0.0), jnp.bool_(True))
+                return dense_conv_eqn(eqn, invals), (jnp.float32(0.0), jnp.bool_(True))
             out, fraction = reuse(index, eqn, invals, mask)
             return out, (out, fraction, jnp.bool_(True))
 
@@ -300,35 +299,3 @@ class SemanticExits:
             tau=jnp.float32(self.config.tau),
         )
         return self.memory
-
-
-def _dense_conv(eqn, invals) -> jax.Array:
-    """A convolution equation in full; on CPU, grouped ones as the kernels' dense path.
-
-    XLA's grouped (depthwise) convolutions are slow on CPU; `dcjax.kernels.xla`
-    rewrites them, and so does this (the same as the harness's ``nocache``).
-    """
-    from dcjax.kernels import tiles, xla
-
-    p = eqn.params
-    dn = p["dimension_numbers"]
-    x, w = invals
-    nhwc = (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)) == _NHWC
-    if (
-        nhwc
-        and p["feature_group_count"] > 1
-        and tuple(p["lhs_dilation"]) == (1, 1)
-        and p["batch_group_count"] == 1
-        and jax.default_backend() == "cpu"
-    ):
-        plan = tiles.plan(
-            x.shape,
-            w.shape,
-            strides=p["window_strides"],
-            padding=p["padding"],
-            dilation=p["rhs_dilation"],
-            groups=p["feature_group_count"],
-        )
-        out = xla.valid_conv(tiles.pad_input(x, plan), w, plan, True)
-        return out.astype(jnp.result_type(x.dtype, w.dtype))
-    return eqn.primitive.bind(x, w, **p)

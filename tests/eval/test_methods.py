@@ -219,10 +219,10 @@ def test_config_dict_is_json_serialisable():
     assert json.loads(json.dumps(d)) == d
     assert d["matcher_options"] == {"grid": [4, 4]} and d["psnr_threshold"] == "inf"
     assert set(d) == {f.name for f in dataclasses.fields(Config)}
-    refine = pytest.importorskip("dcjax.config").__dict__.get("RefineConfig")
-    if refine is not None:  # nested configs become dicts too
-        d = methods.config_dict(Config(refine=refine()))
-        assert isinstance(d["refine"], dict) and json.loads(json.dumps(d)) == d
+    from dcjax.config import RefineConfig
+
+    d = methods.config_dict(Config(refine=RefineConfig()))  # nested configs become dicts
+    assert isinstance(d["refine"], dict) and json.loads(json.dumps(d)) == d
 
 
 @pytest.mark.parametrize("method", ["deepcache+refine", "delta"])
