@@ -209,6 +209,8 @@ def method_names() -> tuple[str, ...]:
 
 
 def _literal(text: str) -> Any:
+    if text.strip().lower() in ("inf", "+inf", "-inf"):
+        return float(text)
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):

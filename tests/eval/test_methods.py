@@ -58,6 +58,10 @@ def test_parse_method():
         "deepcache",
         {"psnr_threshold": 25, "matcher": "diamond", "refresh_every": None},
     )
+    assert parse_method("deepcache:psnr_threshold=inf") == (
+        "deepcache",
+        {"psnr_threshold": float("inf")},
+    )
     with pytest.raises(ValueError, match="unknown method 'nope'"):
         parse_method("nope")
     with pytest.raises(ValueError, match="key=value"):
