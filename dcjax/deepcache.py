@@ -59,8 +59,6 @@ __all__ = [
     "transform",
 ]
 
-_NHWC = ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
-
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -367,38 +365,7 @@ class CachedModel:
 
     def _reuse_layer(self, eqn, invals, mask, shifted):
         """One reused convolution: fresh values where ``mask`` is false."""
-        p = eqn.params
-        dn = p["dimension_numbers"]
-        nhwc = (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)) == _NHWC
-        plain = (
-            nhwc
-            and tuple(p["lhs_dilation"]) == (1, 1)
-            and p["batch_group_count"] == 1
-            and p["precision"] is None
-            and p["preferred_element_type"] is None
-        )
-        x, w = invals
-        if self.config.kernel != "reference" and plain:
-            n = x.shape[0]
-            interpret = self.config.kernel == "pallas" and jax.default_backend() == "cpu"
-            return kernels.masked_conv(
-                x,
-                w,
-                jnp.broadcast_to(mask, (n, *mask.shape)),
-                shifted,
-                strides=p["window_strides"],
-                padding=p["padding"],
-                dilation=p["rhs_dilation"],
-                groups=p["feature_group_count"],
-                impl=self.config.kernel,
-                interpret=interpret,
-            )
-        dense = eqn.primitive.bind(x, w, **p)
-        return jnp.where(_expand(mask, dense.ndim, self._out_axes(eqn)), shifted, dense)
-
-    def _out_axes(self, eqn) -> tuple[int, int]:
-        dn = eqn.params["dimension_numbers"]
-        return tuple(dn.out_spec[2:])
+        return kernels.masked_conv_eqn(eqn, invals, mask, shifted, self.config.kernel)
 
     def _refiner(self, state: CacheState, ctx: FrameContext, refresh: jax.Array):
         """The refinement hook, and the lists it fills with new references and scales.

@@ -60,8 +60,6 @@ DEFAULTS: dict[str, Any] = {
     "kernel": DEFAULT_KERNEL,
 }
 
-_NHWC = ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
-
 
 def block_match_map(
     cur: jax.Array, prev: jax.Array, axes: tuple[int, int], block: int, psnr_threshold: float
@@ -95,32 +93,6 @@ def block_match_map(
     ok = (mse <= jnp.square(peak) * 10.0 ** (-psnr_threshold / 10.0)) | (mse == 0)
     full = jnp.repeat(jnp.repeat(ok, block, axis=0), block, axis=1)
     return full[:h, :w]
-
-
-def _reuse_conv(eqn, invals, mask: jax.Array, cached: jax.Array, kernel: str) -> jax.Array:
-    """The convolution of ``eqn`` with ``cached`` where ``mask`` (H, W) is true."""
-    p = eqn.params
-    dn = p["dimension_numbers"]
-    x, w = invals
-    plain = (
-        (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)) == _NHWC
-        and tuple(p["lhs_dilation"]) == (1, 1)
-        and p["batch_group_count"] == 1
-        and p["precision"] is None
-        and p["preferred_element_type"] is None
-    )
-    if kernel != "reference" and plain:
-        return kernels.masked_conv(
-            x, w, jnp.broadcast_to(mask, (x.shape[0], *mask.shape)), cached,
-            strides=p["window_strides"], padding=p["padding"], dilation=p["rhs_dilation"],
-            groups=p["feature_group_count"], impl=kernel,
-        )  # fmt: skip
-    dense = eqn.primitive.bind(x, w, **p)
-    oy, ox = dn.out_spec[2:]
-    shape = [1] * dense.ndim
-    shape[oy], shape[ox] = mask.shape
-    m = (mask if oy < ox else mask.T).reshape(shape)
-    return jnp.where(m, cached, dense)
 
 
 @register_method("mil", "matching internal layers: per-layer block tests on feature maps")
@@ -170,7 +142,7 @@ def _mil(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
             if index == 0:
                 first_ratio[0] = hit.mean(dtype=jnp.float32)
             out_mask = and_pool(ctx, hit, conv_window(eqn, sig), sig, lay.signature)
-            out = _reuse_conv(eqn, invals, out_mask, state["outputs"][index], kernel)
+            out = kernels.masked_conv_eqn(eqn, invals, out_mask, state["outputs"][index], kernel)
             inputs[index], outputs[index] = invals[0], out
             fractions[index] = out_mask.mean(dtype=jnp.float32)
             return out

@@ -19,7 +19,7 @@ bit and spend no convolution work on it.
 """
 
 from dcjax.kernels.auto import choose as choose_impl
-from dcjax.kernels.masked import IMPLS, dense_conv_eqn, masked_conv
+from dcjax.kernels.masked import IMPLS, dense_conv_eqn, masked_conv, masked_conv_eqn
 from dcjax.kernels.reference import conv, reference_masked_conv
 from dcjax.kernels.tiles import (
     TilePlan,
@@ -38,6 +38,7 @@ __all__ = [
     "dense_conv_eqn",
     "dirty_fraction",
     "masked_conv",
+    "masked_conv_eqn",
     "plan",
     "reference_masked_conv",
     "work_fraction",

@@ -20,7 +20,7 @@ from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.reference import reference_masked_conv
 from dcjax.kernels.xla import dense_conv, xla_masked_conv
 
-__all__ = ["IMPLS", "dense_conv_eqn", "masked_conv"]
+__all__ = ["IMPLS", "dense_conv_eqn", "masked_conv", "masked_conv_eqn"]
 
 #: Accepted values of ``impl``.
 IMPLS = ("auto", "reference", "dense", "xla", "pallas", "pallas_gpu", "pallas_tpu")
@@ -127,6 +127,16 @@ def masked_conv(
 _NHWC = ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
 
 
+def _plain(params) -> bool:
+    """An NHWC/HWIO convolution without input dilation or batch groups."""
+    dn = params["dimension_numbers"]
+    return (
+        (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)) == _NHWC
+        and tuple(params["lhs_dilation"]) == (1, 1)
+        and params["batch_group_count"] == 1
+    )
+
+
 def dense_conv_eqn(eqn, invals) -> jax.Array:
     """A ``conv_general_dilated`` equation computed in full, as the dense path does.
 
@@ -137,19 +147,37 @@ def dense_conv_eqn(eqn, invals) -> jax.Array:
     way the cached step does.
     """
     p = eqn.params
-    dn = p["dimension_numbers"]
     x, w = invals
-    nhwc = (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)) == _NHWC
-    if (
-        nhwc
-        and p["feature_group_count"] > 1
-        and tuple(p["lhs_dilation"]) == (1, 1)
-        and p["batch_group_count"] == 1
-        and jax.default_backend() == "cpu"
-    ):
+    if _plain(p) and p["feature_group_count"] > 1 and jax.default_backend() == "cpu":
         tp = _tiles.plan(
             x.shape, w.shape, strides=p["window_strides"], padding=p["padding"],
             dilation=p["rhs_dilation"], groups=p["feature_group_count"],
         )  # fmt: skip
         return dense_conv(x, w, tp)
     return eqn.primitive.bind(x, w, **p)
+
+
+def masked_conv_eqn(eqn, invals, mask: jax.Array, cached: jax.Array, impl: str) -> jax.Array:
+    """`masked_conv` for a ``conv_general_dilated`` equation of a traced model.
+
+    ``mask`` is (Ho, Wo) in the output's spatial order and ``cached`` has the
+    equation's output layout. Plain NHWC convolutions with default precision go
+    through `masked_conv` (Pallas interpreted on CPU); any other layout, and
+    ``impl="reference"``, computes the equation densely and selects.
+    """
+    p = eqn.params
+    x, w = invals
+    plain = _plain(p) and p["precision"] is None and p["preferred_element_type"] is None
+    if impl != "reference" and plain:
+        return masked_conv(
+            x, w, jnp.broadcast_to(mask, (x.shape[0], *mask.shape)), cached,
+            strides=p["window_strides"], padding=p["padding"], dilation=p["rhs_dilation"],
+            groups=p["feature_group_count"], impl=impl,
+            interpret=impl == "pallas" and jax.default_backend() == "cpu",
+        )  # fmt: skip
+    dense = eqn.primitive.bind(x, w, **p)
+    oy, ox = p["dimension_numbers"].out_spec[2:]
+    shape = [1] * dense.ndim
+    shape[oy], shape[ox] = mask.shape
+    m = (mask if oy < ox else mask.T).reshape(shape)
+    return jnp.where(m, cached.astype(dense.dtype), dense)
