@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 ALIGNMENTS = ("exact", "round")
-KERNELS = ("auto", "reference", "dense", "xla", "pallas")
+KERNELS = ("auto", "reference", "dense", "xla", "rows", "pallas")
 MATCHERS = ("static", "diamond", "three_step", "exhaustive", "histogram", "none")
 REFINE_METRICS = ("max_abs", "rms")
 
@@ -156,7 +156,8 @@ class Config:
         kernel: sparse-update implementation of reused convolutions (see
             `dcjax.kernels.masked_conv`): ``"auto"`` (the measured fastest per
             backend and layer), ``"xla"`` (tile gather, batched convolution,
-            scatter), ``"pallas"`` (interpreted on CPU), ``"dense"`` (compute
+            scatter), ``"rows"`` (dirty pixels as matrix rows, one matmul;
+            grouped layers use ``"xla"``), ``"pallas"`` (interpreted on CPU), ``"dense"`` (compute
             everything, no select) or ``"reference"`` (dense then select: the
             oracle).
         matcher: ``"diamond"`` (the default: diamond search, DeepCache Section 4),

@@ -430,7 +430,7 @@ def test_flax_module_with_batchnorm_conv_bias_is_reused():
     assert len(cached.layers) == 1 and cached.layers[0].out_shape == (1, 8, 8, 2)
 
 
-@pytest.mark.parametrize("kernel", ["reference", "dense", "xla", "pallas", "auto"])
+@pytest.mark.parametrize("kernel", ["reference", "dense", "xla", "rows", "pallas", "auto"])
 @pytest.mark.parametrize("name", ["resnet", "inception"])
 def test_invariants_hold_with_every_kernel(name, kernel):
     """Refresh, identical frame and exact translation, through each sparse kernel."""

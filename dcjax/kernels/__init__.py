@@ -2,8 +2,9 @@
 
 Public API:
 
-- `masked_conv`: the single entry point (``impl`` = "auto", "reference", "xla",
-  "pallas", "pallas_gpu", "pallas_tpu").
+- `masked_conv`: the single entry point (``impl`` = "auto", "reference",
+  "dense", "xla" (tiles), "rows" (pixel rows, `dcjax.kernels.rows`), "pallas",
+  "pallas_gpu", "pallas_tpu").
 - `plan` / `TilePlan`: the static tile plan of a layer (tile size, grid, bucket
   capacities); `default_tile` is the tile-size rule.
 - `dirty_fraction`: fraction of output tiles that are dirty (work a perfect
@@ -14,8 +15,8 @@ Public API:
 Contract: ``out = masked_conv(x, w, reuse_mask, cached, ...)`` equals
 ``lax.conv_general_dilated`` (NHWC input, HWIO weights) wherever ``reuse_mask``
 is false; where it is true, ``out`` is ``cached`` or the freshly computed value.
-Sparse implementations leave every clean output tile equal to ``cached`` bit for
-bit and spend no convolution work on it.
+Sparse implementations leave every clean output tile (every reusable pixel, for
+"rows") equal to ``cached`` bit for bit and spend no convolution work on it.
 """
 
 from dcjax.kernels.auto import choose as choose_impl

@@ -16,15 +16,21 @@ other jobs, so minima of interleaved runs were compared), keyed by layer class:
 
 - ``spatial`` (k > 1, groups = 1; AlexNet conv1, ResNet-50 3x3): `xla` is
   2.7-4.3x faster than dense at 10 % dirty pixels, 1.65-2.3x at 25 %,
-  1.1-1.3x at 50 % and equal to dense at 100 % (dense fallback). Choice: ``xla``.
-- ``pointwise`` (1x1; ResNet-50 1x1, MobileNetV2 expansion): memory-bound. With
-  the cache donated `xla` is 2.3-2.5x faster at 10 %, 1.35-1.4x at 25 %, even
-  at 50-100 %. Without donation a copy of the cache (~0.25 ms per 3 MB) is
-  added to every call: ResNet 1x1 1.6x at 10 %, 1.17x at 25 %, 0.77x at 100 %;
-  the tiny MobileNetV2 expansion 1.18x at 10 %, 0.82x at 25 %, 0.64x at 100 %.
-  Choice: ``xla`` (the transform carries its caches as state through a jitted
-  step or a `lax.scan`, where the update is in place); a caller that cannot
-  donate may prefer ``"dense"`` for 1x1 layers.
+  1.1-1.3x at 50 % and equal to dense at 100 % (dense fallback); `rows` pays
+  for copying each input pixel into up to ``kh * kw`` rows (ResNet-50 3x3 at
+  25 %: 1.0x against `xla`'s 1.9x). Choice: ``xla``.
+- ``pointwise`` (1x1; ResNet-50 1x1, MobileNetV2 expansion): memory-bound.
+  With one contiguous blob (``--impls xla,rows``) `rows` and `xla` are within
+  noise of each other (ResNet-50 1x1: 2.3-2.8x at 10 %, 1.5-1.7x at 25 %); with
+  several small blobs, as real frames give, `rows` is ahead because it
+  recomputes no reusable pixel of a partly dirty tile (ResNet-50's 1x1 layers
+  at 30 % dirty pixels in 5-15-pixel blobs: 1.6-1.9x against 0.7-1.2x). End to
+  end, ResNet-50 on vtest: 57-59 ms a frame with `rows` here against 60-62 ms
+  with `xla` everywhere. Choice: ``rows``. Both update the cache in place when
+  it is donated (the transform carries its caches through a jitted step or a
+  `lax.scan`); without donation a copy of the cache (~0.25 ms per 3 MB) is
+  added to every call, and a caller that cannot donate may prefer ``"dense"``
+  for 1x1 layers.
 - ``grouped`` (groups > 1, depthwise included): XLA:CPU's grouped convolution is
   slow (MobileNetV2 depthwise 3x3/2 on 112x112x96: ~9 ms dense; AlexNet conv2,
   groups 2: ~9.5 ms); `xla` computes groups as separate convolutions and
@@ -38,7 +44,7 @@ Tile: the `tiles.default_tile` rule (4x4 at these sizes) was fastest or within
 noise in the tile sweep, so the table leaves it to the rule.
 
 Small layers: the sparse path has a fixed cost per call (the mask reduction,
-``nonzero``, the ``cond``; about 0.06-0.15 ms on this CPU) while XLA:CPU runs
+the dirty list, the loops; about 0.03-0.1 ms on this CPU) while XLA:CPU runs
 dense convolutions at roughly 100-150 GFLOP/s, so a layer whose whole dense
 convolution is under `SMALL_LAYER_FLOPS` (about 0.3 ms) cannot save more than
 it spends: ``"dense"`` (the fast grouped path included). Measured end to end on
@@ -62,7 +68,7 @@ SMALL_LAYER_FLOPS = 40e6
 #: (backend, layer class) -> (impl, tile or None). Missing rows fall back to "xla".
 TABLE: dict[tuple[str, str], tuple[str, tuple[int, int] | None]] = {
     ("cpu", "spatial"): ("xla", None),
-    ("cpu", "pointwise"): ("xla", None),
+    ("cpu", "pointwise"): ("rows", None),
     ("cpu", "grouped"): ("xla", None),
 }
 

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dcjax.kernels import auto as _auto
+from dcjax.kernels import rows as _rows
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.masked import masked_conv
 from dcjax.kernels.reference import conv
@@ -66,6 +67,18 @@ def blocky_mask(shape: tuple[int, int], fraction: float, block: int, seed: int =
     dirty[np.argsort(dist.reshape(-1))[:k]] = True
     dirty = dirty.reshape(gy, gx).repeat(block, 0).repeat(block, 1)[:h, :w]
     return ~dirty
+
+
+def _work(impl: str, mask: jax.Array, p: _tiles.TilePlan) -> float:
+    """Fraction of the dense work the implementation runs on this mask."""
+    impl = impl.removeprefix("auto:")
+    if impl == "dense":
+        return 1.0
+    if impl == "rows" and p.groups == 1:
+        rp = _rows.row_plan(p)
+        dense, steps = _rows.row_schedule((~mask).sum(), rp)
+        return 1.0 if bool(dense) else min(1.0, int(steps) * rp.chunk / rp.rows)
+    return float(_tiles.work_fraction(mask, p))
 
 
 def _time_interleaved(
@@ -153,7 +166,7 @@ def run(
                     fraction=frac,
                     pixel_dirty=pix,
                     tile_dirty=float(_tiles.dirty_fraction(mask, p=p)),
-                    work=1.0 if impl == "auto:dense" else float(_tiles.work_fraction(mask, p)),
+                    work=_work(impl, mask, p),
                     impl=impl,
                     donated=donate,
                     auto=auto_impl,
@@ -239,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m dcjax.kernels.bench", description=__doc__)
     ap.add_argument("--layers", default=",".join(LAYERS))
     ap.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS))
-    ap.add_argument("--impls", default=None, help="comma list; default xla (+pallas off CPU)")
+    ap.add_argument("--impls", default=None, help="comma list; default xla,rows (+pallas off CPU)")
     ap.add_argument("--tiles", default=None, help="comma list of square tile sides to sweep")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=1)
@@ -253,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     impls = (
         args.impls.split(",")
         if args.impls
-        else (["xla"] if jax.default_backend() == "cpu" else ["xla", "pallas"])
+        else (["xla", "rows"] if jax.default_backend() == "cpu" else ["xla", "rows", "pallas"])
     )
     tiles = [None] if not args.tiles else [(int(t), int(t)) for t in args.tiles.split(",")]
     records = run(

@@ -18,12 +18,13 @@ import jax.numpy as jnp
 from dcjax.kernels import auto as _auto
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.reference import reference_masked_conv
+from dcjax.kernels.rows import rows_masked_conv
 from dcjax.kernels.xla import dense_conv, xla_masked_conv
 
 __all__ = ["IMPLS", "dense_conv_eqn", "masked_conv", "masked_conv_eqn"]
 
 #: Accepted values of ``impl``.
-IMPLS = ("auto", "reference", "dense", "xla", "pallas", "pallas_gpu", "pallas_tpu")
+IMPLS = ("auto", "reference", "dense", "xla", "rows", "pallas", "pallas_gpu", "pallas_tpu")
 
 
 def masked_conv(
@@ -56,7 +57,9 @@ def masked_conv(
             (the dense convolution alone: every pixel fresh, which the contract
             allows; an option for 1x1 layers when the cache cannot be donated),
             ``"xla"``
-            (tile gather, batched conv, scatter; any backend), ``"pallas"`` (the
+            (tile gather, batched conv, scatter; any backend), ``"rows"`` (dirty
+            pixels gathered as matrix rows, one matmul, row scatter; grouped
+            convolutions go to ``"xla"``; `dcjax.kernels.rows`), ``"pallas"`` (the
             Pallas kernel of the current backend: ``"pallas_tpu"`` on TPU,
             ``"pallas_gpu"`` otherwise), or ``"auto"`` (the measured fastest for
             this backend and layer, see `dcjax.kernels.auto`).
@@ -102,6 +105,10 @@ def masked_conv(
     if impl == "dense":
         return dense_conv(x, w, p)
     if impl == "xla":
+        return xla_masked_conv(x, w, reuse_mask, cached, tile=tile, **kwargs)
+    if impl == "rows" and groups == 1:
+        return rows_masked_conv(x, w, reuse_mask, cached, **kwargs)
+    if impl in ("xla", "rows"):  # rows computes ungrouped convolutions only
         return xla_masked_conv(x, w, reuse_mask, cached, tile=tile, **kwargs)
     if impl == "pallas":
         impl = "pallas_tpu" if jax.default_backend() == "tpu" else "pallas_gpu"

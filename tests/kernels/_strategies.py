@@ -33,6 +33,16 @@ class Case:
         )
 
 
+def all_eqns(jaxpr):
+    """Every equation of ``jaxpr``, nested jaxprs (loop bodies, branches) included."""
+    import jax.extend as jex
+
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jex.core.jaxprs_in_params(eqn.params):
+            yield from all_eqns(sub)
+
+
 def dense(case: Case) -> np.ndarray:
     """The oracle: `lax.conv_general_dilated`."""
     return np.asarray(reference.conv(case.x, case.w, **case.kwargs))

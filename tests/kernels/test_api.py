@@ -60,7 +60,7 @@ def test_unknown_impl_and_bad_shapes_raise() -> None:
                 masked_conv(x, w, mask, cached, impl=impl, **kw)
 
 
-@pytest.mark.parametrize("impl", ["reference", "dense", "xla", "auto"])
+@pytest.mark.parametrize("impl", ["reference", "dense", "xla", "rows", "auto"])
 def test_every_impl_honours_the_contract_under_jit(impl: str) -> None:
     x, w, mask, cached, kw = _problem(seed=2)
     out = np.asarray(jax.jit(lambda *a: masked_conv(*a, impl=impl, **kw))(x, w, mask, cached))
@@ -130,4 +130,10 @@ def test_auto_runs_small_layers_dense_on_cpu() -> None:
     assert auto.dense_flops(small) < auto.SMALL_LAYER_FLOPS < auto.dense_flops(big)
     assert auto.choose(small, "cpu") == ("dense", None)
     assert auto.choose(big, "cpu")[0] == "xla"
+    pointwise = plan((1, 56, 56, 256), (1, 1, 256, 64), strides=(1, 1), padding="SAME")
+    assert auto.choose(pointwise, "cpu")[0] == "rows"
     assert auto.choose(small, "gpu")[0] == "xla"
+    depthwise = plan((1, 56, 56, 64), (3, 3, 1, 64), strides=(1, 1), padding="SAME", groups=64)
+    grouped = plan((1, 27, 27, 96), (5, 5, 48, 256), strides=(1, 1), padding="SAME", groups=2)
+    assert auto.choose(grouped, "cpu")[0] == "xla"  # rows computes ungrouped layers only
+    assert auto.dense_flops(depthwise) < auto.SMALL_LAYER_FLOPS

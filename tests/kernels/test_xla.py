@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import jax
-import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from dcjax.kernels import masked_conv, plan, reference_masked_conv, tiles, work_fraction
-from tests.kernels._strategies import Case, cases, computed_np, dense, dirty_tiles_np
+from tests.kernels._strategies import Case, all_eqns, cases, computed_np, dense, dirty_tiles_np
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -137,7 +136,7 @@ def test_schedule_by_dirty_count(n_dirty: int, dense_path: bool, chunks: int) ->
 
 
 def test_batched_tiles_are_pooled_under_jit_and_vmap() -> None:
-    """N > 1 pools tiles; vmap over streams folds into N and keeps one real switch."""
+    """N > 1 pools tiles; vmap over streams folds into N and keeps scalar trip counts."""
     x, wt, cached, kw = _fixed_case(n=1)
     rng = np.random.default_rng(1)
     xs = rng.normal(size=(3, 1, 24, 24, 3)).astype(np.float32)
@@ -155,19 +154,13 @@ def test_batched_tiles_are_pooled_under_jit_and_vmap() -> None:
         p = plan(xs[i].shape, wt.shape, tile=(4, 4), **kw)
         # per stream, the behaviour of a pooled 3-image batch: still a sparse branch
         check_sparse_contract(case, out[i], p, dense_path=False)
-    jaxpr = jax.make_jaxpr(jax.vmap(f))(xs, masks, caches)
-    conds = [e for e in _all_eqns(jaxpr.jaxpr) if e.primitive.name == "cond"]
-    assert len(conds) == 1
-    assert conds[0].invars[0].aval.shape == ()  # one unbatched predicate: no select
-    loops = [e for e in _all_eqns(jaxpr.jaxpr) if e.primitive.name == "while"]
-    assert loops  # the sparse loop survives vmap as a loop with a scalar trip count
-
-
-def _all_eqns(jaxpr):
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for sub in jex.core.jaxprs_in_params(eqn.params):
-            yield from _all_eqns(sub)
+    eqns = list(all_eqns(jax.make_jaxpr(jax.vmap(f))(xs, masks, caches).jaxpr))
+    assert not [e for e in eqns if e.primitive.name == "cond"]  # no select of both paths
+    loops = [e for e in eqns if e.primitive.name == "while"]
+    assert len(loops) == 2  # the sparse steps and the dense fallback survive vmap
+    for loop in loops:  # with scalar counters: one schedule for the pooled batch
+        ints = [v for v in loop.outvars if jnp.issubdtype(v.aval.dtype, jnp.integer)]
+        assert ints and all(v.aval.shape == () for v in ints)
 
 
 def test_batched_equals_per_image() -> None:

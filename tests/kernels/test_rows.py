@@ -1,0 +1,168 @@
+"""The `rows` masked convolution against the dense oracle, pixel by pixel and path by path."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dcjax.kernels import masked_conv, plan, reference_masked_conv
+from dcjax.kernels.rows import DENSE_FRACTION, row_plan, row_schedule, rows_masked_conv
+from tests.kernels._strategies import Case, all_eqns, cases, dense
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _expected_dense(case: Case, chunk: int | None = None) -> bool:
+    """Whether the dense path runs, from a numpy count of dirty pixels."""
+    p = plan(case.x.shape, case.w.shape, **case.kwargs)
+    frac = DENSE_FRACTION["pointwise" if p.kh * p.kw == 1 else "spatial"]
+    rows = p.n * p.ho * p.wo
+    return int((~case.mask).sum()) > max(1, int(np.floor(frac * rows)))
+
+
+def check_pixel_contract(case: Case, out: np.ndarray, dense_path: bool) -> None:
+    """Fresh where the mask is false; on the sparse path the cache, bit for bit, elsewhere."""
+    ref = dense(case)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    if dense_path:
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+        return
+    fresh = ~case.mask
+    np.testing.assert_allclose(out[fresh], ref[fresh], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(out[~fresh], case.cached[~fresh])
+
+
+@st.composite
+def ungrouped_cases(draw) -> Case:
+    case = draw(cases(max_k=7, max_hw=20))
+    if case.groups == 1:
+        return case
+    rng = np.random.default_rng(case.x.shape[1])
+    w = rng.normal(size=(*case.w.shape[:2], case.x.shape[-1], case.w.shape[3]))
+    return dataclasses.replace(case, w=w.astype(np.float32), groups=1)
+
+
+@SETTINGS
+@given(ungrouped_cases(), st.sampled_from([None, 1, 3, 8]))
+def test_rows_matches_reference(case: Case, chunk: int | None) -> None:
+    out = np.asarray(
+        rows_masked_conv(case.x, case.w, case.mask, case.cached, chunk=chunk, **case.kwargs)
+    )
+    check_pixel_contract(case, out, _expected_dense(case))
+
+
+@pytest.mark.parametrize(
+    ("k", "n_dirty", "dense_path", "steps"),
+    [
+        (1, 0, False, 0),
+        (1, 1, False, 1),
+        (1, 32, False, 1),
+        (1, 33, False, 2),
+        (1, 345, False, 11),
+        (1, 346, True, 0),
+        (3, 172, False, 6),
+        (3, 173, True, 0),
+    ],
+)
+def test_schedule_by_dirty_count(k: int, n_dirty: int, dense_path: bool, steps: int) -> None:
+    """24x24 pixels, chunks of 32: 1x1 goes dense above 60 % (345), 3x3 above 30 % (172)."""
+    rng = np.random.default_rng(k + n_dirty)
+    x = rng.normal(size=(1, 24, 24, 3)).astype(np.float32)
+    w = rng.normal(size=(k, k, 3, 5)).astype(np.float32)
+    cached = rng.normal(size=(1, 24, 24, 5)).astype(np.float32) + 100.0
+    rp = row_plan(plan(x.shape, w.shape, strides=(1, 1), padding="SAME"))
+    assert (rp.rows, rp.chunk) == (576, 32)
+    mask = np.ones((1, 24, 24), bool)
+    mask.reshape(-1)[rng.permutation(576)[:n_dirty]] = False
+    got_dense, got_steps = row_schedule(jnp.int32(n_dirty), rp)
+    assert (bool(got_dense), int(got_steps)) == (dense_path, steps)
+    out = np.asarray(rows_masked_conv(x, w, mask, cached, strides=(1, 1), padding="SAME"))
+    case = Case(x, w, mask, cached, (1, 1), "SAME", (1, 1), 1, None)
+    check_pixel_contract(case, out, dense_path)
+    if n_dirty == 0:
+        np.testing.assert_array_equal(out, cached)
+
+
+def test_vmapped_streams_are_pooled_into_one_schedule() -> None:
+    """vmap folds streams into N: scalar trip counts, no cond, results per stream."""
+    rng = np.random.default_rng(1)
+    xs = rng.normal(size=(3, 1, 16, 16, 4)).astype(np.float32)
+    w = rng.normal(size=(1, 1, 4, 6)).astype(np.float32)
+    caches = rng.normal(size=(3, 1, 16, 16, 6)).astype(np.float32) + 100.0
+    masks = np.ones((3, 1, 16, 16), bool)
+    masks[0, 0, :5, :7] = False
+    masks[2, 0, 10, 10] = False
+
+    def f(x, m, c):
+        return masked_conv(x, w, m, c, impl="rows", strides=(1, 1), padding="SAME")
+
+    out = np.asarray(jax.jit(jax.vmap(f))(xs, masks, caches))
+    for i in range(3):
+        case = Case(xs[i], w, masks[i], caches[i], (1, 1), "SAME", (1, 1), 1, None)
+        check_pixel_contract(case, out[i], dense_path=False)
+    eqns = list(all_eqns(jax.make_jaxpr(jax.vmap(f))(xs, masks, caches).jaxpr))
+    assert not [e for e in eqns if e.primitive.name == "cond"]
+    loops = [e for e in eqns if e.primitive.name == "while"]
+    assert len(loops) == 2  # the sparse steps and the dense fallback
+    for loop in loops:  # counters stay scalars: one schedule for the pooled batch
+        ints = [v for v in loop.outvars if jnp.issubdtype(v.aval.dtype, jnp.integer)]
+        assert ints and all(v.aval.shape == () for v in ints)
+
+
+def test_batch_pools_pixels_of_all_images() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 12, 12, 3)).astype(np.float32)
+    w = rng.normal(size=(3, 3, 3, 4)).astype(np.float32)
+    cached = rng.normal(size=(2, 12, 12, 4)).astype(np.float32) + 100.0
+    mask = np.ones((2, 12, 12), bool)
+    mask[0, 3:6, 4:6] = False
+    mask[1, 11, 11] = False
+    kw = dict(strides=(1, 1), padding="SAME")
+    out = np.asarray(masked_conv(x, w, mask, cached, impl="rows", **kw))
+    ref = np.asarray(reference_masked_conv(x, w, mask, cached, **kw))
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(out[mask], cached[mask])
+
+
+def test_grouped_layers_are_refused_and_dispatched_to_tiles() -> None:
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(1, 10, 10, 4)).astype(np.float32)
+    w = rng.normal(size=(3, 3, 1, 4)).astype(np.float32)
+    cached = np.zeros((1, 10, 10, 4), np.float32)
+    mask = np.ones((1, 10, 10), bool)
+    mask[0, 2, 2] = False
+    kw = dict(strides=(1, 1), padding="SAME", groups=4)
+    with pytest.raises(ValueError, match="ungrouped"):
+        rows_masked_conv(x, w, mask, cached, **kw)
+    out = np.asarray(masked_conv(x, w, mask, cached, impl="rows", **kw))
+    ref = np.asarray(reference_masked_conv(x, w, mask, cached, **kw))
+    np.testing.assert_allclose(out[~mask], ref[~mask], rtol=1e-4, atol=1e-4)
+
+
+def test_bfloat16_keeps_dtype() -> None:
+    rng = np.random.default_rng(5)
+    x, w = rng.normal(size=(1, 8, 8, 3)), rng.normal(size=(1, 1, 3, 4))
+    cached = rng.normal(size=(1, 8, 8, 4))
+    mask = np.ones((1, 8, 8), bool)
+    mask[0, :3, :3] = False
+    xb, wb, cb = (jnp.asarray(a, jnp.bfloat16) for a in (x, w, cached))
+    out = rows_masked_conv(xb, wb, mask, cb, strides=(1, 1), padding="VALID")
+    ref = reference_masked_conv(xb, wb, mask, cb, strides=(1, 1), padding="VALID")
+    assert out.dtype == ref.dtype == jnp.bfloat16
+    np.testing.assert_allclose(
+        np.asarray(out, np.float32), np.asarray(ref, np.float32), rtol=2e-2, atol=0.1
+    )
+
+
+def test_plan_rejects_bad_parameters() -> None:
+    p = plan((1, 8, 8, 3), (1, 1, 3, 4), strides=(1, 1), padding="SAME")
+    with pytest.raises(ValueError, match="chunk"):
+        row_plan(p, chunk=0)
+    with pytest.raises(ValueError, match="dense_fraction"):
+        row_plan(p, dense_fraction=1.5)
