@@ -72,7 +72,9 @@ class CacheState:
         frame_index: frames stepped so far.
         motion: the last frame's global motion (the next search starts there).
         caches: one cached output per reused layer, in ``CachedModel.layers``
-            order.
+            order; an empty array for a layer its kernel computes densely
+            without reading a cache (`dcjax.kernels.reads_cache`: every plain
+            layer under ``kernel="dense"``, small layers on CPU under "auto").
         layer_valid: per layer, whether its cache holds the previous frame's
             output (false after a layer was skipped).
         semantic: the semantic memory (`dcjax.semantic.SemanticState`) when
@@ -138,6 +140,9 @@ class CachedModel:
             self._semantic = SemanticExits(config.semantic, self._analysis)
             # never reusing: the exits keep no caches (nothing to carry through them)
             self._semantic.dense = config.psnr_threshold == float("inf")
+        # layers computed densely without a select (small layers on CPU under
+        # kernel="auto", every plain layer under "dense") keep no cache
+        self._keeps_cache = _layers_reading_cache(self._analysis, len(self.layers), config.kernel)
         self._refined: tuple[bool, ...] | None = None
         if config.refine is not None:
             if config.semantic is not None:
@@ -173,7 +178,10 @@ class CachedModel:
 
     def init(self) -> CacheState:
         """A fresh state: the first step recomputes everything."""
-        caches = tuple(jnp.zeros(layer.out_shape, layer.dtype) for layer in self.layers)
+        caches = tuple(
+            jnp.zeros(layer.out_shape if keep else (0,), layer.dtype)
+            for layer, keep in zip(self.layers, self._keeps_cache)
+        )
         state = CacheState(
             prev_frame=jnp.zeros(self.frame_shape, jnp.float32),
             has_prev=jnp.bool_(False),
@@ -428,16 +436,19 @@ class CachedModel:
         fractions = [jnp.float32(0.0)] * len(self.layers)
 
         def reuse_value(index, eqn, invals, mask):
+            """(output, reusable fraction, new cache) of one layer."""
             layer = self.layers[index]
             mask = mask & state.layer_valid[index]
+            fraction = mask.mean(dtype=jnp.float32)
+            if not self._keeps_cache[index]:
+                return kernels.dense_conv_eqn(eqn, invals), fraction, state.caches[index]
             dy, dx, _ = ctx.shift(layer.signature)
             shifted = _shift(state.caches[index], dy, dx, layer.signature.axes)
             out = self._reuse_layer(eqn, invals, mask, shifted)
-            return out, mask.mean(dtype=jnp.float32)
+            return out, fraction, out
 
         def reuse(index, eqn, invals, mask):
-            out, fractions[index] = reuse_value(index, eqn, invals, mask)
-            caches[index] = out
+            out, fractions[index], caches[index] = reuse_value(index, eqn, invals, mask)
             return out
 
         refs, ref_scale, refine_fn = self._refiner(state, ctx, refresh)
@@ -495,6 +506,21 @@ class CachedModel:
 
         state, (outs, infos) = lax.scan(body, state, (frames, matches))
         return outs, state, infos
+
+
+def _layers_reading_cache(analysis, n_layers: int, impl: str) -> tuple[bool, ...]:
+    """Per layer, whether its kernel reads a cache (`kernels.reads_cache`)."""
+    keeps = [True] * n_layers
+
+    def walk(an):
+        for eqn, info in zip(an.jaxpr.jaxpr.eqns, an.eqns):
+            if info.sub is not None:
+                walk(info.sub)
+            elif info.layer is not None:
+                keeps[info.layer] = kernels.reads_cache(eqn, impl)
+
+    walk(analysis)
+    return tuple(keeps)
 
 
 def _shift(a: jax.Array, dy: jax.Array, dx: jax.Array, axes: tuple[int, int]) -> jax.Array:

@@ -449,3 +449,28 @@ def test_invariants_hold_with_every_kernel(name, kernel):
     out, state, info = cached.step(state, cur, match=match)
     _close(out, ref(cur))
     assert float(np.asarray(info["reuse_fraction"]).max()) > 0.3
+
+
+def test_layers_computed_densely_keep_no_cache():
+    """kernel="dense" (and small layers under "auto" on CPU) carry no cache, same outputs."""
+    from dcjax.kernels import auto
+
+    module, variables, ref = _model("resnet")
+    dense = _cached("resnet", deepcache.Config(kernel="dense"))
+    sparse = _cached("resnet", deepcache.Config(kernel="xla"))
+    state_d, state_s = dense.init(), sparse.init()
+    assert all(c.size == 0 for c in state_d.caches)
+    assert [c.shape for c in state_s.caches] == [lay.out_shape for lay in sparse.layers]
+    frames = [_photo(SIZE, 7), _photo(SIZE, 7), _photo(SIZE, 8)]
+    for f in frames:
+        out_d, state_d, info_d = dense.step(state_d, f)
+        out_s, state_s, info_s = sparse.step(state_s, f)
+        _close(out_d, ref(f))
+        _close(out_s, ref(f))
+        # the reuse masks (and so the reported savings) do not depend on the kernel
+        np.testing.assert_array_equal(info_d["reuse_fraction"], info_s["reuse_fraction"])
+    assert all(c.size == 0 for c in state_d.caches)
+    if jax.default_backend() == "cpu":  # the test models' layers are all under the threshold
+        small = _cached("resnet", deepcache.Config(kernel="auto"))
+        assert all(lay.flops < auto.SMALL_LAYER_FLOPS for lay in small.layers)
+        assert all(c.size == 0 for c in small.init().caches)

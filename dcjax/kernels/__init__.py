@@ -20,7 +20,13 @@ Sparse implementations leave every clean output tile (every reusable pixel, for
 """
 
 from dcjax.kernels.auto import choose as choose_impl
-from dcjax.kernels.masked import IMPLS, dense_conv_eqn, masked_conv, masked_conv_eqn
+from dcjax.kernels.masked import (
+    IMPLS,
+    dense_conv_eqn,
+    masked_conv,
+    masked_conv_eqn,
+    reads_cache,
+)
 from dcjax.kernels.reference import conv, reference_masked_conv
 from dcjax.kernels.tiles import (
     TilePlan,
@@ -40,6 +46,7 @@ __all__ = [
     "dirty_fraction",
     "masked_conv",
     "masked_conv_eqn",
+    "reads_cache",
     "plan",
     "reference_masked_conv",
     "work_fraction",

@@ -21,7 +21,7 @@ from dcjax.kernels.reference import reference_masked_conv
 from dcjax.kernels.rows import rows_masked_conv
 from dcjax.kernels.xla import dense_conv, xla_masked_conv
 
-__all__ = ["IMPLS", "dense_conv_eqn", "masked_conv", "masked_conv_eqn"]
+__all__ = ["IMPLS", "dense_conv_eqn", "masked_conv", "masked_conv_eqn", "reads_cache"]
 
 #: Accepted values of ``impl``.
 IMPLS = ("auto", "reference", "dense", "xla", "rows", "pallas", "pallas_gpu", "pallas_tpu")
@@ -188,3 +188,26 @@ def masked_conv_eqn(eqn, invals, mask: jax.Array, cached: jax.Array, impl: str) 
     shape[oy], shape[ox] = mask.shape
     m = (mask if oy < ox else mask.T).reshape(shape)
     return jnp.where(m, cached.astype(dense.dtype), dense)
+
+
+def reads_cache(eqn, impl: str) -> bool:
+    """Whether `masked_conv_eqn` with ``impl`` reads the cache for ``eqn`` (static).
+
+    False when the equation is computed densely without a select: ``impl=
+    "dense"``, or ``"auto"`` choosing ``"dense"`` (small layers on CPU), for a
+    plain NHWC convolution. Such a layer needs no cache: `dense_conv_eqn`
+    computes it, and the transform keeps no state for it.
+    """
+    p = eqn.params
+    if not (_plain(p) and p["precision"] is None and p["preferred_element_type"] is None):
+        return True
+    if impl == "dense":
+        return False
+    if impl != "auto":
+        return True
+    x, w = (v.aval for v in eqn.invars)
+    tp = _tiles.plan(
+        x.shape, w.shape, strides=p["window_strides"], padding=p["padding"],
+        dilation=p["rhs_dilation"], groups=p["feature_group_count"],
+    )  # fmt: skip
+    return _auto.choose(tp, jax.default_backend())[0] != "dense"

@@ -121,7 +121,7 @@ class SemanticExits:
         args: Sequence[Any],
         masks: Sequence[Any],
         ctx: FrameContext,
-        reuse: Callable[..., tuple[jax.Array, jax.Array]],
+        reuse: Callable[..., tuple[jax.Array, jax.Array, jax.Array]],
         old_caches: Sequence[jax.Array],
         update: jax.Array,
     ) -> tuple[list, list, list, jax.Array, mem.SemanticState, dict]:
@@ -131,7 +131,8 @@ class SemanticExits:
             memory: the stream's semantic memory.
             args, masks: the traced model's inputs and their reuse masks.
             ctx: the frame's motion.
-            reuse: ``reuse(layer, eqn, invals, mask) -> (out, reuse_fraction)``.
+            reuse: ``reuse(layer, eqn, invals, mask) -> (out, reuse_fraction,
+                new_cache)``.
             old_caches: the caches of the previous frame (kept by skipped layers).
             update: whether to update the memory with this frame (false for a
                 non-finite frame).
@@ -178,8 +179,8 @@ class SemanticExits:
         def reuse_here(index, eqn, invals, mask):
             if self.dense:  # no cache to read or write: the fastest dense convolution
                 return dense_conv_eqn(eqn, invals), (jnp.float32(0.0), jnp.bool_(True))
-            out, fraction = reuse(index, eqn, invals, mask)
-            return out, (out, fraction, jnp.bool_(True))
+            out, fraction, cache = reuse(index, eqn, invals, mask)
+            return out, (cache, fraction, jnp.bool_(True))
 
         def skipped(index):
             if self.dense:
