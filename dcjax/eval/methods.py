@@ -384,22 +384,14 @@ def _nocache(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
 
 
 def transform(spec: ModelSpec, config: Config) -> deepcache.CachedModel:
-    """`deepcache.transform` of ``spec`` with ``config``.
-
-    Works around a `deepcache` bug: ``total_flops`` is a Python int, and the step
-    divides a traced value by it, which overflows int32 for models above 2^31
-    FLOPs (yolo_tiny, resnet50 ...). As a float it is traced as float32.
-    """
-    cached = deepcache.transform(
+    """`deepcache.transform` of ``spec`` with ``config``."""
+    return deepcache.transform(
         spec.module,
         spec.variables,
         frame_shape=spec.frame_shape,
         config=config,
         preprocess=spec.preprocess,
     )
-    if isinstance(cached.total_flops, int):
-        cached.total_flops = float(cached.total_flops)
-    return cached
 
 
 @register_method("deepcache", "DeepCache: block matching, region propagation, sparse reuse")
