@@ -21,6 +21,7 @@ status 2 (``dcjax: error: argument --frames: ...``).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -58,6 +59,16 @@ def _nonnegative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
 
 
@@ -164,6 +175,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="B",
         help="DeepCache block sizes to sweep (Fig. 17)",
+    )
+    bench.add_argument(
+        "--deltas",
+        nargs="+",
+        type=_nonnegative_float,
+        default=[],
+        metavar="D",
+        help="refinement thresholds to sweep: deepcache+refine and delta at each "
+        "(speed against agreement, a Pareto front in the report)",
     )
     bench.add_argument(
         "--matchers",
@@ -450,6 +470,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         model_names, args.videos, methods, frames=args.frames, start=args.start,
         pretrained=pretrained,
         width=args.width, thresholds=args.thresholds, blocks=args.blocks,
+        deltas=args.deltas,
         matchers=matchers or (), progress=not args.no_progress, on_record=keep,
     )  # fmt: skip
     bench.write_json(args.json, records_out)

@@ -39,6 +39,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from dcjax import kernels, matching
@@ -150,7 +151,15 @@ class CachedModel:
                     "dcjax: Config.refine and Config.semantic cannot be combined yet; "
                     "use one of them"
                 )
-            self._refined = refine_lib.refined_layers(self.layers, config.refine)
+            # a layer computed densely (no cache) has nothing to reuse: no test
+            self._refined = tuple(
+                on and keep
+                for on, keep in zip(
+                    refine_lib.refined_layers(self.layers, config.refine),
+                    self._keeps_cache,
+                    strict=True,
+                )
+            )
         self.unsupported_primitives: tuple[str, ...] = tuple(sorted(self._analysis.unsupported))
         if self.unsupported_primitives:
             warnings.warn(
@@ -272,6 +281,27 @@ class CachedModel:
         inputs = jax.jit(jax.vmap(lambda f: self._prepare(f)[None]))(images)
         return self._semantic.calibrate(self._traced.leaves, inputs, batch_size)
 
+    def semantic_features(
+        self, images: jax.Array, batch_size: int = 16
+    ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+        """The full model on ``images``: outputs, semantic vectors and classes.
+
+        ``images`` are ``(N, H, W, C)`` frames, preprocessed like `step`'s.
+        Returns per model output ``(N, *shape)`` (``shape`` with the traced
+        batch axis of 1), per exit point ``(N, D_e)``
+        (the vectors `calibrate` averages) and ``(N,)`` the top-1 classes, as
+        numpy arrays: the inputs of `dcjax.semantic.exit_ceiling`.
+        """
+        if self._semantic is None:
+            raise ValueError(
+                "dcjax: semantic_features needs semantic exits: transform with "
+                "Config(semantic=SemanticConfig(...))"
+            )
+        images = self._check_frame(images, "images", 4)
+        inputs = jax.jit(jax.vmap(lambda f: self._prepare(f)[None]))(images)
+        outs, vecs = self._semantic.features(self._traced.leaves, inputs, batch_size)
+        return outs, vecs, self._semantic.labels(outs)
+
     def apply(self, frame: jax.Array) -> Any:
         """The untransformed model on one frame (no cache), for comparison."""
         frame = self._check_frame(frame, "frame", 3)
@@ -371,9 +401,12 @@ class CachedModel:
             **cfg.matcher_options,
         )  # fmt: skip
 
-    def _reuse_layer(self, eqn, invals, mask, shifted):
+    def _reuse_layer(self, index, eqn, invals, mask, shifted):
         """One reused convolution: fresh values where ``mask`` is false."""
-        return kernels.masked_conv_eqn(eqn, invals, mask, shifted, self.config.kernel)
+        scattered = self._refined is not None and self._refined[index]
+        return kernels.masked_conv_eqn(
+            eqn, invals, mask, shifted, self.config.kernel, scattered=scattered
+        )
 
     def _refiner(self, state: CacheState, ctx: FrameContext, refresh: jax.Array):
         """The refinement hook, and the lists it fills with new references and scales.
@@ -444,7 +477,7 @@ class CachedModel:
                 return kernels.dense_conv_eqn(eqn, invals), fraction, state.caches[index]
             dy, dx, _ = ctx.shift(layer.signature)
             shifted = _shift(state.caches[index], dy, dx, layer.signature.axes)
-            out = self._reuse_layer(eqn, invals, mask, shifted)
+            out = self._reuse_layer(index, eqn, invals, mask, shifted)
             return out, fraction, out
 
         def reuse(index, eqn, invals, mask):

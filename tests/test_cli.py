@@ -32,6 +32,8 @@ TINY = ["--model", "dave", "--width", "0.25", "--frames", "3", "--no-progress"]
         (["bench", "--methods", "bogus"], "--methods"),
         (["bench", "--videos", "nowhere.avi"], "--videos"),
         (["bench", "--matchers", "bogus"], "--matchers"),
+        (["bench", "--deltas", "-0.1"], "--deltas"),
+        (["bench", "--deltas", "nan"], "--deltas"),
         (["bench", "--pretrained", "maybe"], "--pretrained"),
         (["demo", "--width", "0"], "--width"),
         (["demo", "--video", "nowhere.avi"], "--video"),

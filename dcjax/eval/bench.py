@@ -3,7 +3,8 @@
 `run_bench` is what ``dcjax bench`` runs: for every (model, video) pair it
 decodes the frames at the model's input size and calls
 `dcjax.eval.harness.evaluate` with the requested methods (plus DeepCache
-variants for the threshold and block-size sweeps), collecting one record per
+variants for the threshold and block-size sweeps, refinement variants for the
+``delta`` sweep), collecting one record per
 (model, video, method variant). `compare_matchers` times each frame matcher
 alone on consecutive frames (DeepCache's Table 4). `write_json` writes records
 as the JSON list the issue specifies.
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dcjax import matching, models, video
+from dcjax.config import RefineConfig
 from dcjax.eval import harness
 
 __all__ = [
@@ -103,11 +105,18 @@ def compare_matchers(
 
 
 def _variants(
-    methods: Sequence[str], thresholds: Sequence[float], blocks: Sequence[int]
+    methods: Sequence[str],
+    thresholds: Sequence[float],
+    blocks: Sequence[int],
+    deltas: Sequence[float] = (),
 ) -> list[str]:
     out = list(dict.fromkeys(methods))
     out += [f"deepcache:psnr_threshold={float(t)}" for t in thresholds if float(t) != 20.0]
     out += [f"deepcache:block_size={int(b)}" for b in blocks if int(b) != 10]
+    default_delta = RefineConfig().delta
+    for d in deltas:
+        for m in ("deepcache+refine", "delta"):
+            out.append(m if float(d) == default_delta else f"{m}:delta={float(d)}")
     return list(dict.fromkeys(out))
 
 
@@ -122,6 +131,7 @@ def run_bench(
     width: float = 1.0,
     thresholds: Sequence[float] = (),
     blocks: Sequence[int] = (),
+    deltas: Sequence[float] = (),
     matchers: Sequence[str] = (),
     progress: bool = True,
     on_record: Callable[[dict[str, Any]], None] | None = None,
@@ -138,6 +148,8 @@ def run_bench(
         width: channel multiplier of the models (1.0: the published networks).
         thresholds: extra DeepCache PSNR thresholds (the threshold sweep).
         blocks: extra DeepCache block sizes (the block-size sweep).
+        deltas: refinement thresholds: ``deepcache+refine`` and ``delta`` at
+            each (the speed-agreement Pareto front).
         matchers: matchers to compare on each video (at the first model's input).
         progress: tqdm progress bars.
         on_record: called with every record as soon as it exists.
@@ -145,7 +157,7 @@ def run_bench(
     Returns:
         ``(records, matcher_rows)``.
     """
-    variants = _variants(methods, thresholds, blocks)
+    variants = _variants(methods, thresholds, blocks, deltas)
     records: list[dict[str, Any]] = []
     matcher_rows: list[dict[str, Any]] = []
     paths = {v: harness.resolve_video(v) for v in videos}

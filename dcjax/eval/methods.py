@@ -19,7 +19,8 @@ method's output with ``nocache`` on the same frames.
 Registered methods: ``nocache`` (the jitted model, every convolution computed
 in full; grouped and depthwise ones the way the sparse kernels' dense path
 computes them on CPU, where XLA's own are several times slower; option
-``impl="plain"`` for ``module.apply`` as it is), ``deepcache``
+``impl="plain"`` for ``module.apply`` as it is, ``impl="const"`` for the
+weights baked in as compile-time constants), ``deepcache``
 (`dcjax.deepcache.transform`), ``deepmon`` (`dcjax.eval.deepmon`), ``mil``
 (`dcjax.eval.mil`) and ``frame`` (`dcjax.eval.frame`).
 
@@ -346,11 +347,16 @@ def fast_apply(spec: ModelSpec) -> tuple[Callable[[Any, jax.Array], Any], list]:
 @register_method("nocache", "the jitted model, every frame computed in full (the baseline)")
 def _nocache(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
     """``impl="fast"`` (default): grouped convolutions as the kernels' dense branch computes
-    them; ``impl="plain"``: ``module.apply`` under `jax.jit`, XLA's own convolutions."""
+    them; ``impl="plain"``: ``module.apply`` under `jax.jit`, XLA's own convolutions;
+    ``impl="const"``: ``fast`` with the weights baked into the executable as
+    constants, which lets XLA fold batch norms into the convolutions and fuse
+    their epilogues (the cached methods take the weights as arguments, as
+    ``jax.jit(model.apply)(variables, x)`` does; this variant shows what that
+    convention costs the baseline)."""
     check_options("nocache", options, {"impl"})
     impl = options.get("impl", "fast")
-    if impl not in ("fast", "plain"):
-        raise ValueError(f"dcjax: nocache impl must be 'fast' or 'plain', got {impl!r}")
+    if impl not in ("fast", "plain", "const"):
+        raise ValueError(f"dcjax: nocache impl must be 'fast', 'plain' or 'const', got {impl!r}")
     layers = spec.layers
     n = len(layers)
     info = {
@@ -366,6 +372,17 @@ def _nocache(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
             return spec.apply(frame, variables), state, dict(info)
 
         args = spec.variables
+    elif impl == "const":
+        apply, leaves = fast_apply(spec)
+
+        @jax.jit
+        def _baked(state, frame):
+            return apply(leaves, frame), state, dict(info)
+
+        def _step(_, state, frame):
+            return _baked(state, frame)
+
+        args = None
     else:
         apply, args = fast_apply(spec)
 

@@ -7,6 +7,8 @@ Every function takes records (`dcjax.eval.metrics`) and returns a
 - `per_layer`: per model, the reuse fraction and FLOPs of each layer (Figure 12);
 - `sweep`: latency and top-1 agreement against a swept ``config`` key, e.g.
   ``psnr_threshold`` (Figure 16) or ``block_size`` (Figure 17);
+- `pareto`: speedup against top-1 agreement of every variant of the reuse
+  methods, with each method's Pareto front (the ``delta`` sweep of refinement);
 - `matchers`: match ratio and matching time of each matcher (Table 4), from
   `dcjax.eval.bench.compare_matchers` rows;
 - `cache_memory`: cache bytes per model and method (Figure 18);
@@ -34,6 +36,7 @@ __all__ = [
     "latency_by_method",
     "mask_strip",
     "matchers",
+    "pareto",
     "per_layer",
     "save",
     "sweep",
@@ -172,6 +175,79 @@ def sweep(records: Sequence[Record], key: str, method: str = "deepcache") -> Fig
     ax3.set_yscale("log")
     ax1.legend(fontsize=7)
     fig.suptitle(f"{method}: effect of {key} (cf. DeepCache Figs. 16-17)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+#: The methods `pareto` draws, in legend order.
+PARETO_METHODS = ("deepcache", "delta", "deepcache+refine")
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats in both coordinates (higher is better).
+
+    Sorted by the first coordinate; ties keep the first.
+    """
+    order = sorted(range(len(points)), key=lambda i: (-points[i][0], -points[i][1], i))
+    front, best = [], -np.inf
+    for i in order:
+        if points[i][1] > best:
+            front.append(i)
+            best = points[i][1]
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def pareto(records: Sequence[Record], methods: Sequence[str] = PARETO_METHODS) -> Figure | None:
+    """Speedup against accuracy, one panel per (model, video) (the ``delta`` sweep).
+
+    Accuracy is the top-1 agreement with no cache, or for models without
+    classes (``top1_agreement`` None: PilotNet's steering angle) the output
+    MSE relative to the output's variance, lower being better. Every variant of
+    each of ``methods`` is a point (e.g. ``deepcache+refine`` at several
+    ``delta``, labelled with it); each method's Pareto front is a line. Needs
+    at least two variants in some panel.
+    """
+    rows = [r for r in records if r["method"] in methods]
+    groups = list(dict.fromkeys((r["model"], r["video"]) for r in rows))
+    groups = [g for g in groups if sum((r["model"], r["video"]) == g for r in rows) >= 2]
+    if not groups:
+        return None
+    fig, axes = _subplots(1, len(groups), figsize=(4.6 * len(groups), 3.8), squeeze=False)
+    for ax, g in zip(axes[0], groups, strict=True):
+        panel = [r for r in rows if (r["model"], r["video"]) == g]
+        classes = all(r["top1_agreement"] is not None for r in panel)
+
+        def accuracy(r, classes=classes):
+            if classes:
+                return 100.0 * float(r["top1_agreement"])
+            return max(float(r["output_rel_mse"] or 0.0), 1e-12)
+
+        for m in methods:
+            rs = [r for r in panel if r["method"] == m]
+            if not rs:
+                continue
+            pts = [(float(r["speedup"]), accuracy(r)) for r in rs]
+            (line,) = ax.plot(*zip(*pts, strict=True), "o", alpha=0.6)
+            front = pareto_front(pts if classes else [(x, -y) for x, y in pts])
+            ax.plot(
+                [pts[i][0] for i in front], [pts[i][1] for i in front], "-",
+                color=line.get_color(), label=m,
+            )  # fmt: skip
+            for (x, y), r in zip(pts, rs, strict=True):
+                delta = (r["config"].get("refine") or {}).get("delta")
+                if delta is not None:
+                    ax.annotate(f"{delta:g}", (x, y), fontsize=6, xytext=(2, 2),
+                                textcoords="offset points")  # fmt: skip
+        ax.axvline(1.0, color="0.6", lw=0.8, ls=":")
+        ax.set_xlabel("speedup over no cache (median latency)")
+        if classes:
+            ax.set_ylabel("top-1 agreement with no cache (%)")
+        else:
+            ax.set_ylabel("output MSE / output variance (lower is better)")
+            ax.set_yscale("log")
+        ax.set_title(f"{g[0]} / {_video_name(g[1])}", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle("speed against accuracy; point labels: refinement delta", fontsize=10)
     fig.tight_layout()
     return fig
 

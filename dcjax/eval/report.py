@@ -109,6 +109,7 @@ def standard_figures(
         "per_layer": plots.per_layer(records),
         "threshold_sweep": plots.sweep(records, "psnr_threshold"),
         "block_size_sweep": plots.sweep(records, "block_size"),
+        "delta_pareto": plots.pareto(records),
         "matchers": plots.matchers(matcher_rows),
         "cache_memory": plots.cache_memory(records),
     }

@@ -40,6 +40,7 @@ def masked_conv(
     impl: str = "auto",
     tile: tuple[int, int] | None = None,
     interpret: bool = False,
+    scattered: bool = False,
 ) -> jax.Array:
     """Convolution that recomputes only the output tiles holding non-reusable pixels.
 
@@ -66,6 +67,8 @@ def masked_conv(
         tile: (th, tw) output tile; the per-layer rule `tiles.default_tile`
             (or the auto table's entry) when None.
         interpret: run Pallas kernels in interpret mode (needed on CPU).
+        scattered: a hint for ``impl="auto"``: the masks are scattered at
+            pixel level (refinement), which favours pixel-granular kernels.
 
     Returns:
         (N, Ho, Wo, Cout) output, dtype of ``lax.conv_general_dilated``.
@@ -97,7 +100,7 @@ def masked_conv(
         )
     kwargs = dict(strides=strides, padding=padding, dilation=dilation, groups=groups)
     if impl == "auto":
-        impl, auto_tile = _auto.choose(p, jax.default_backend())
+        impl, auto_tile = _auto.choose(p, jax.default_backend(), scattered)
         if tile is None and auto_tile is not None:
             tile = auto_tile
     if impl == "reference":
@@ -164,7 +167,9 @@ def dense_conv_eqn(eqn, invals) -> jax.Array:
     return eqn.primitive.bind(x, w, **p)
 
 
-def masked_conv_eqn(eqn, invals, mask: jax.Array, cached: jax.Array, impl: str) -> jax.Array:
+def masked_conv_eqn(
+    eqn, invals, mask: jax.Array, cached: jax.Array, impl: str, scattered: bool = False
+) -> jax.Array:
     """`masked_conv` for a ``conv_general_dilated`` equation of a traced model.
 
     ``mask`` is (Ho, Wo) in the output's spatial order and ``cached`` has the
@@ -180,7 +185,7 @@ def masked_conv_eqn(eqn, invals, mask: jax.Array, cached: jax.Array, impl: str) 
             x, w, jnp.broadcast_to(mask, (x.shape[0], *mask.shape)), cached,
             strides=p["window_strides"], padding=p["padding"], dilation=p["rhs_dilation"],
             groups=p["feature_group_count"], impl=impl,
-            interpret=impl == "pallas" and jax.default_backend() == "cpu",
+            interpret=impl == "pallas" and jax.default_backend() == "cpu", scattered=scattered,
         )  # fmt: skip
     dense = eqn.primitive.bind(x, w, **p)
     oy, ox = p["dimension_numbers"].out_spec[2:]

@@ -3,11 +3,14 @@
 Li et al., "Boosting Mobile CNN Inference through Semantic Memory" (MM '21).
 Enable it with ``deepcache.Config(semantic=deepcache.SemanticConfig(...))``;
 `dcjax.semantic.memory` holds the fixed-shape tables and Equations 1 to 7,
-`dcjax.semantic.smtm` the policy inside the cached step, and
+`dcjax.semantic.smtm` the policy inside the cached step,
+`dcjax.semantic.ceiling` the most any exit threshold could exit at a given
+agreement, and
 ``python -m dcjax.semantic.bench`` the benchmark.
 """
 
 from dcjax.config import SemanticConfig
+from dcjax.semantic.ceiling import exit_ceiling
 from dcjax.semantic.memory import (
     SemanticState,
     accumulated_confidence,
@@ -28,6 +31,7 @@ __all__ = [
     "accumulated_confidence",
     "cosine_similarity",
     "cumulative_similarity",
+    "exit_ceiling",
     "fast_memory",
     "memory_bytes",
     "replacement_scores",

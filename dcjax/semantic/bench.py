@@ -13,7 +13,10 @@ camera, by default). Methods, timed frame by frame with `CachedModel.step`
 Reported: seconds per frame (the median over passes of each pass's mean),
 speedup over no-cache, top-1 agreement with no-cache, exit rate per exit point,
 the ideal speedup implied by the skipped convolution FLOPs, the memory's size
-in MB, and a sweep of ``tau`` (latency against agreement, as the paper's
+in MB, the exit ceiling (`dcjax.semantic.ceiling`: per exit point, the most
+frames any threshold could exit there at the target agreement, with the
+calibrated centres and with centres fitted on the evaluation frames), and a sweep of
+``tau`` (latency against agreement, as the paper's
 Figure 9). Calibration: ``--calibration other-clip`` uses the other bundled
 clip (``box`` for ``vtest``); ``split`` uses the first ``--calib-frames``
 frames of the evaluation clip and evaluates on the rest. Results go to
@@ -39,6 +42,7 @@ import numpy as np
 __all__ = ["main", "run_benchmark"]
 
 _MODEL = "efficientnet_lite0"
+_TARGET = 0.97
 
 
 def _frames(name: str, size: int) -> np.ndarray:
@@ -74,7 +78,7 @@ def run_benchmark(
     max_fast: int = 10,
     window: int = 10,
     kernel: str = "auto",
-    target_agreement: float = 0.97,
+    target_agreement: float = _TARGET,
     exit_points: tuple[str, ...] | None = None,
 ) -> dict:
     """Run the benchmark and return the results as a dict (see module docstring)."""
@@ -142,6 +146,15 @@ def run_benchmark(
             )
 
         return init
+
+    ceiling = _ceiling(runners["semantic"].cached, calib, data, target_agreement)
+    for kind, c in ceiling.items():
+        best = max(c["points"], key=lambda q: q["ideal_speedup"])
+        _log(
+            f"exit ceiling ({kind} centres): stability {c['stability']:.3f}; best single exit "
+            f"{best['name']} covers {best['coverage']:.2f} at {target_agreement:.0%} agreement "
+            f"(ideal {best['ideal_speedup']:.2f}x)"
+        )
 
     _, _, ref_outs, _ = _time_stream(runners["no-cache"].step, (), data)
     ref = np.concatenate([_top1(o) for o in ref_outs])
@@ -228,6 +241,28 @@ def run_benchmark(
         "tau_sweep": sweep,
         "exit_points": list(cached_models["semantic"].exit_points),
         "memory_mb": memory_bytes(cached_models["semantic"].init().semantic) / 2**20,
+        "exit_ceiling": ceiling,
+    }
+
+
+def _ceiling(cached, calib: np.ndarray, data: np.ndarray, target: float) -> dict:
+    """`dcjax.semantic.exit_ceiling` on ``data`` with two memories.
+
+    ``calibrated``: centres from the calibration frames (the memory a stream
+    starts with). ``oracle``: centres fitted on the evaluation frames
+    themselves, the best memory SMTM could learn on this clip (an optimistic
+    ceiling: no run-time memory knows the future frames).
+    """
+    from dcjax.semantic import exit_ceiling
+
+    _, cal_vecs, cal_labels = cached.semantic_features(calib)
+    _, vecs, labels = cached.semantic_features(data)
+    plan = cached._semantic.plan
+    total = float(max(cached.total_flops, 1))
+    kw = {"target": target, "names": plan.names, "skipped": [f / total for f in plan.flops_after]}
+    return {
+        "calibrated": exit_ceiling(cal_vecs, cal_labels, vecs, labels, **kw),
+        "oracle": exit_ceiling(vecs, labels, vecs, labels, **kw),
     }
 
 
@@ -295,6 +330,17 @@ def main(argv: list[str] | None = None) -> None:
             f"agreement {100 * s['top1_agreement']:.1f}%  "
             f"exits {100 * s['exit_rate']:.0f}%"
         )
+    for kind, ceil in res["exit_ceiling"].items():
+        print(
+            f"exit ceiling at {100 * _TARGET:.0f}% agreement, {kind} centres (full-model top-1 "
+            f"stable across consecutive frames {100 * ceil['stability']:.1f}%, known classes "
+            f"{100 * ceil['known_classes']:.1f}%):"
+        )
+        for q in ceil["points"]:
+            print(
+                f"  {q['name']:10s} accuracy {100 * q['accuracy']:5.1f}%  "
+                f"coverage {100 * q['coverage']:5.1f}%  ideal {q['ideal_speedup']:.2f}x"
+            )
     print(f"memory {res['memory_mb']:.2f} MB; wrote {a.out}")
 
 

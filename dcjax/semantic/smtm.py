@@ -249,6 +249,40 @@ class SemanticExits:
         vectors = tuple(self.vector(e, env.read(v)[0]) for e, v in enumerate(self.plan.variables))
         return list(outs), vectors
 
+    def features(
+        self, leaves: Sequence[Any], inputs: jax.Array, batch_size: int = 16
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The full model's outputs and semantic vectors on preprocessed ``inputs``.
+
+        Args:
+            leaves: the model's variable leaves.
+            inputs: ``(N, 1, H, W, C)`` model inputs.
+            batch_size: inputs evaluated per compiled call.
+
+        Returns:
+            ``(outputs, vectors)``: per model output ``(N, *shape)``, per exit
+            point ``(N, D_e)``, as numpy arrays.
+        """
+        outs_all: list[list[np.ndarray]] = []
+        vecs_all: list[list[np.ndarray]] = []
+        for start in range(0, inputs.shape[0], batch_size):
+            chunk = inputs[start : start + batch_size]
+            pad = batch_size - chunk.shape[0]
+            if pad:  # one compiled shape for every chunk
+                chunk = jnp.concatenate([chunk, jnp.repeat(chunk[-1:], pad, axis=0)])
+            outs, vecs = self._calibrate_jit(list(leaves), chunk)
+            keep = batch_size - pad
+            outs_all.append([np.asarray(o)[:keep] for o in outs])
+            vecs_all.append([np.asarray(v)[:keep] for v in vecs])
+        outs = [np.concatenate([c[i] for c in outs_all]) for i in range(len(outs_all[0]))]
+        vecs = [np.concatenate([c[i] for c in vecs_all]) for i in range(len(vecs_all[0]))]
+        return outs, vecs
+
+    def labels(self, outputs: Sequence[np.ndarray]) -> np.ndarray:
+        """Each input's class from `features`' outputs (as `classify` does)."""
+        out = np.asarray(outputs[0], np.float64)
+        return np.argmax(out.reshape(out.shape[0], -1, self.num_classes).mean(axis=1), axis=-1)
+
     def calibrate(
         self,
         leaves: Sequence[Any],
@@ -266,21 +300,9 @@ class SemanticExits:
             The calibrated memory (also kept as `memory`, the initial memory
             of new states).
         """
-        outs_all: list[list[np.ndarray]] = []
-        vecs_all: list[list[np.ndarray]] = []
-        for start in range(0, inputs.shape[0], batch_size):
-            chunk = inputs[start : start + batch_size]
-            pad = batch_size - chunk.shape[0]
-            if pad:  # one compiled shape for every chunk
-                chunk = jnp.concatenate([chunk, jnp.repeat(chunk[-1:], pad, axis=0)])
-            outs, vecs = self._calibrate_jit(list(leaves), chunk)
-            keep = batch_size - pad
-            outs_all.append([np.asarray(o)[:keep] for o in outs])
-            vecs_all.append([np.asarray(v)[:keep] for v in vecs])
-        outs = [np.concatenate([c[i] for c in outs_all]) for i in range(len(outs_all[0]))]
-        vecs = [np.concatenate([c[i] for c in vecs_all]) for i in range(len(vecs_all[0]))]
+        outs, vecs = self.features(leaves, inputs, batch_size)
         n, k = outs[0].shape[0], self.num_classes
-        labels = np.argmax(outs[0].astype(np.float64).reshape(n, -1, k).mean(axis=1), axis=-1)
+        labels = self.labels(outs)
         count = np.bincount(labels, minlength=k).astype(np.float32)
         safe = np.maximum(count, 1.0)
 

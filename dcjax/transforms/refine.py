@@ -40,6 +40,12 @@ subtraction, an absolute value, a max), the convolution spends
 ``kh * kw * (C_out / groups) / (sy * sx)`` multiply-adds per input element; a
 layer is refined when that is at least 16 (depthwise 3x3 convolutions are not,
 1x1 and dense 3x3 convolutions are).
+
+Whatever ``layers`` says, a layer that the kernel choice computes densely
+(``kernel="dense"``, or ``"auto"`` on small CPU layers: `dcjax.kernels.auto`)
+keeps no cache and gets no test: it has nothing to reuse. Refined layers tell
+``kernel="auto"`` that their masks are scattered at pixel level, which picks
+pixel-granular kernels (`dcjax.kernels.rows`) for them on CPU.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ from dcjax.eval import bench, harness, plots, report
 @pytest.fixture(scope="module")
 def bench_result():
     return bench.run_bench(["dave"], ["vtest"], ["nocache", "deepcache", "deepmon"], frames=3,
-                           width=0.25, thresholds=[20, 30], blocks=[20], matchers=["static",
+                           width=0.25, thresholds=[20, 30], blocks=[20], deltas=[0.05, 0.2],
+                           matchers=["static",
                            "histogram"], progress=False)  # fmt: skip
 
 
@@ -22,10 +23,13 @@ def test_run_bench_variants(bench_result):
     records, rows = bench_result
     assert [r["variant"] for r in records] == [
         "nocache", "deepcache", "deepmon", "deepcache:psnr_threshold=30.0",
-        "deepcache:block_size=20",
+        "deepcache:block_size=20", "deepcache+refine", "delta", "deepcache+refine:delta=0.2",
+        "delta:delta=0.2",
     ]  # fmt: skip
     assert records[3]["config"]["psnr_threshold"] == 30.0
     assert records[4]["config"]["block_size"] == 20
+    assert [r["config"]["refine"]["delta"] for r in records[5:]] == [0.05, 0.05, 0.2, 0.2]
+    assert [r["config"]["matcher"] == "none" for r in records[5:]] == [False, True, False, True]
     assert all(r["model"] == "dave" and r["video"] == "vtest" for r in records)
     assert [r["matcher"] for r in rows] == ["static", "histogram"]
     assert all(0 <= r["match_ratio"] <= 1 and r["ms"] > 0 for r in rows)
@@ -41,7 +45,7 @@ def test_report_writes_html_and_its_pngs(bench_result, tmp_path):
     pngs = report.write_report(str(path), records, figures=extra, matcher_rows=rows)
     text = path.read_text()
     for name in ("strip", "latency_by_method", "per_layer", "threshold_sweep",
-                 "block_size_sweep", "matchers", "cache_memory"):  # fmt: skip
+                 "block_size_sweep", "delta_pareto", "matchers", "cache_memory"):  # fmt: skip
         assert name in pngs, name
         assert os.path.getsize(pngs[name]) > 1000
         with open(pngs[name], "rb") as f:
@@ -59,6 +63,26 @@ def test_sweep_needs_two_values(bench_result):
     assert list(fig.axes[0].lines[0].get_xdata()) == [20.0, 30.0]
     fig = plots.sweep(records, "block_size")
     assert list(fig.axes[0].lines[0].get_xdata()) == [10.0, 20.0]
+
+
+def test_pareto_front_keeps_the_undominated_points():
+    pts = [(1.0, 100.0), (2.0, 90.0), (1.5, 85.0), (3.0, 70.0), (2.0, 95.0), (0.5, 100.0)]
+    assert plots.pareto_front(pts) == [0, 4, 3]
+    assert plots.pareto_front([]) == []
+
+
+def test_pareto_plot_has_one_front_per_method(bench_result):
+    records, _ = bench_result
+    assert plots.pareto(records[:2]) is None  # no refinement variants, one deepcache point
+    fig = plots.pareto(records)
+    (ax,) = fig.axes
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["deepcache", "delta", "deepcache+refine"]
+    # every variant of a method is a point; deepcache has 3 (default, threshold, block)
+    points = [ln for ln in ax.lines if ln.get_linestyle() == "None"]
+    assert [len(ln.get_xdata()) for ln in points] == [3, 2, 2]
+    speedups = sorted(r["speedup"] for r in records if r["method"] == "delta")
+    assert sorted(points[1].get_xdata()) == pytest.approx(speedups)
 
 
 def test_zoo_table_lists_the_zoo():

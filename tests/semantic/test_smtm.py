@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dcjax import deepcache
+from dcjax import deepcache, semantic
 from tests.semantic import models
 
 SHAPE = (models.SIZE, models.SIZE, 3)
@@ -234,6 +234,28 @@ def test_calibrate_averages_semantic_vectors_per_model_label():
     np.testing.assert_array_equal(np.asarray(memory.counts), 4.0)
     np.testing.assert_allclose(np.asarray(memory.prior), 1 / 6, rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(memory.frequency), 0.0)
+
+
+def test_semantic_features_are_the_full_model_and_feed_the_ceiling():
+    module, variables = _model()
+    cached = _cached(0.3)
+    images = _calibration()
+    outs, vecs, labels = cached.semantic_features(images, batch_size=5)  # a padded last batch
+    _, inter = module.apply(
+        variables, jnp.asarray(images), capture_intermediates=True, mutable=["intermediates"]
+    )
+    ref = np.asarray(module.apply(variables, jnp.asarray(images)))
+    np.testing.assert_allclose(outs[0][:, 0], ref, rtol=1e-4, atol=1e-5)  # (N, 1, classes)
+    np.testing.assert_array_equal(labels, np.argmax(ref, -1))
+    for e, name in enumerate(cached.exit_points):
+        feats = np.asarray(inter["intermediates"][name]["__call__"][0]).mean(axis=(1, 2))
+        np.testing.assert_allclose(vecs[e], feats, rtol=1e-4, atol=1e-6)
+    # the palette's classes are separable at the last exit point: it can exit everywhere
+    res = semantic.exit_ceiling(vecs, labels, vecs, labels, names=cached.exit_points)
+    assert res["points"][-1]["accuracy"] == 1.0 and res["points"][-1]["coverage"] == 1.0
+    plain = deepcache.transform(module, variables, frame_shape=SHAPE)
+    with pytest.raises(ValueError, match="semantic exits"):
+        plain.semantic_features(images)
 
 
 def test_semantic_config_validation():

@@ -55,6 +55,9 @@ POSITIVE = jax.tree_util.tree_map(jnp.abs, PARAMS)
 
 
 def _transform(refine, params=PARAMS, **kw):
+    # these layers are small enough for kernel="auto" to run them dense (no cache,
+    # nothing to refine) on CPU: a sparse kernel keeps their caches
+    kw.setdefault("kernel", "xla")
     cfg = deepcache.Config(refine=refine, **kw)
     return deepcache.transform(two_layers, params, frame_shape=(SIZE, SIZE, 3), config=cfg)
 
@@ -161,6 +164,32 @@ def test_auto_layers_skip_cheap_depthwise_convolutions():
     assert refine_lib.refined_layers(layers, RefineConfig(layers=names)) == (False, True, False)
     with pytest.raises(ValueError, match="unknown layers"):
         refine_lib.refined_layers(layers, RefineConfig(layers=("nope",)))
+
+
+@pytest.mark.parametrize("kernel", ["dense", "auto"])
+def test_layers_computed_densely_are_not_refined(kernel):
+    """No cache, nothing to reuse: such layers keep no reference and pay no test."""
+    cached = _transform(RefineConfig(delta=0.5, layers="all"), kernel=kernel)
+    assert jax.default_backend() != "cpu" or kernel == "dense" or not any(cached._keeps_cache)
+    state = cached.init()
+    assert all(r is None for r in state.refs)
+    frames = _photo_stream(3, 0.0, 0.01)
+    for f in frames:
+        (y1, y2), state, _ = cached.step(state, f)
+    np.testing.assert_allclose(
+        np.asarray(y1), np.asarray(_conv(jnp.asarray(f)[None], PARAMS["w1"])), rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_array_equal(np.asarray(state.ref_scale), 0.0)
+
+
+def test_refined_spatial_layers_use_pixel_rows_under_auto():
+    from dcjax.kernels import auto, tiles
+
+    p = tiles.plan((1, 56, 56, 64), (3, 3, 64, 64), strides=(1, 1), padding="SAME")
+    assert auto.choose(p, "cpu") == ("xla", None)
+    assert auto.choose(p, "cpu", scattered=True) == ("rows", None)
+    grouped = tiles.plan((1, 56, 56, 64), (3, 3, 1, 64), strides=(1, 1), padding="SAME", groups=64)
+    assert auto.choose(grouped, "cpu", scattered=True)[0] in ("xla", "dense")
 
 
 def test_refine_config_validation():

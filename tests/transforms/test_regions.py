@@ -221,3 +221,29 @@ def test_every_rule_function_is_exercised():
         walk(analysis)
     rule_functions = set(regions.MASK_RULES.values())
     assert rule_functions <= used, {f.__name__ for f in rule_functions - used}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 30), st.integers(1, 30)),
+    size=st.tuples(st.integers(1, 8), st.integers(1, 8)),
+    strides=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    dilation=st.tuples(st.integers(1, 3), st.integers(1, 2)),
+    seed=st.integers(0, 2**16),
+)
+def test_sliced_window_and_equals_reduce_window(shape, size, strides, dilation, seed):
+    """`and_pool`'s strided-slice AND against XLA's reduce_window (the former rule)."""
+    rng = np.random.default_rng(seed)
+    m = jnp.asarray(rng.random(shape) < 0.8)
+    ref = lax.reduce_window(
+        m.astype(jnp.float32), jnp.float32(1.0), lax.min, window_dimensions=size,
+        window_strides=strides, padding="VALID", window_dilation=dilation,
+    ) > 0.5  # fmt: skip
+    got = m
+    for axis in (0, 1):
+        got = regions._window_and(got, axis, size[axis], strides[axis], dilation[axis])
+    assert got.shape == ref.shape
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
+    # very wide windows keep reduce_window: same answer
+    wide = regions._window_and(jnp.ones((40, 3), bool), 0, 20, 1, 1)
+    assert wide.shape == (21, 3) and bool(wide.all())

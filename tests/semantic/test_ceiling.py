@@ -1,0 +1,69 @@
+"""The exit ceiling against hand-built cases with known answers."""
+
+import numpy as np
+import pytest
+
+from dcjax.semantic import exit_ceiling
+
+
+def _clusters(rng, labels, dim, spread):
+    centres = np.eye(dim)[: labels.max() + 1] * 10.0
+    return centres[labels] + spread * rng.standard_normal((labels.size, dim))
+
+
+def test_separable_classes_exit_everywhere():
+    rng = np.random.default_rng(0)
+    cal = rng.integers(0, 3, 60)
+    ev = rng.integers(0, 3, 40)
+    vec_cal = [_clusters(rng, cal, 4, 0.1), _clusters(rng, cal, 6, 0.1)]
+    vec_ev = [_clusters(rng, ev, 4, 0.1), _clusters(rng, ev, 6, 0.1)]
+    res = exit_ceiling(vec_cal, cal, vec_ev, ev, names=["a", "b"], skipped=[0.8, 0.3])
+    assert [p["name"] for p in res["points"]] == ["a", "b"]
+    for p in res["points"]:
+        assert p["accuracy"] == 1.0 and p["coverage"] == 1.0
+    assert res["points"][0]["ideal_speedup"] == pytest.approx(1 / 0.2)
+    assert res["points"][1]["ideal_speedup"] == pytest.approx(1 / 0.7)
+    assert res["known_classes"] == 1.0
+    assert res["stability"] == pytest.approx(np.mean(ev[1:] == ev[:-1]))
+
+
+def test_uninformative_vectors_cannot_exit():
+    """Vectors independent of the labels: no threshold keeps 97 % agreement."""
+    rng = np.random.default_rng(1)
+    cal = np.arange(200) % 4
+    ev = np.arange(200) % 4
+    vec_cal = [rng.standard_normal((200, 8)) + 5.0]
+    vec_ev = [rng.standard_normal((200, 8)) + 5.0]
+    res = exit_ceiling(vec_cal, cal, vec_ev, ev)
+    (p,) = res["points"]
+    assert p["accuracy"] < 0.5
+    assert p["coverage"] < 0.1
+    assert res["stability"] == 0.0
+
+
+def test_coverage_takes_the_most_confident_frames():
+    """Half the frames sit on a centre, half in between: only the first half can exit."""
+    cal = np.array([0, 1])
+    vec_cal = [np.array([[1.0, 0.0], [0.0, 1.0]])]
+    ev = np.array([0, 1, 0, 1, 0, 1, 0, 1])
+    near = np.array([[1.0, 0.0], [0.0, 1.0]] * 2)
+    between = np.array([[1.0, 1.05], [1.05, 1.0]] * 2)  # the wrong class is closer
+    vec_ev = [np.concatenate([near, between])]
+    res = exit_ceiling(vec_cal, cal, vec_ev, ev, target=1.0)
+    (p,) = res["points"]
+    assert p["accuracy"] == 0.5
+    assert p["coverage"] == 0.5
+    assert np.isfinite(p["tau"]) and p["tau"] > 0.04
+
+
+def test_unknown_classes_and_bad_arguments():
+    cal = np.array([0, 0, 1, 1])
+    vec = [np.eye(4)[[0, 0, 1, 1]]]
+    ev = np.array([2, 2, 0, 1])
+    res = exit_ceiling(vec, cal, [np.eye(4)[[2, 2, 0, 1]]], ev)
+    assert res["known_classes"] == 0.5
+    assert res["points"][0]["accuracy"] == 0.5
+    with pytest.raises(ValueError, match="exit points"):
+        exit_ceiling(vec, cal, [], ev)
+    with pytest.raises(ValueError, match="target"):
+        exit_ceiling(vec, cal, vec, cal, target=0.0)
