@@ -200,9 +200,10 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
 def pareto(records: Sequence[Record], methods: Sequence[str] = PARETO_METHODS) -> Figure | None:
     """Speedup against accuracy, one panel per (model, video) (the ``delta`` sweep).
 
-    Accuracy is the top-1 agreement with no cache, or for models without
-    classes (``top1_agreement`` None: PilotNet's steering angle) the output
-    MSE relative to the output's variance, lower being better. Every variant of
+    Accuracy is the top-1 agreement with no cache for pretrained classifiers;
+    otherwise (no classes, as PilotNet's steering angle, or random weights,
+    whose top-1 barely moves) the output MSE relative to the output's variance,
+    lower being better. Every variant of
     each of ``methods`` is a point (e.g. ``deepcache+refine`` at several
     ``delta``, labelled with it); each method's Pareto front is a line. Needs
     at least two variants in some panel.
@@ -215,7 +216,9 @@ def pareto(records: Sequence[Record], methods: Sequence[str] = PARETO_METHODS) -
     fig, axes = _subplots(1, len(groups), figsize=(4.6 * len(groups), 3.8), squeeze=False)
     for ax, g in zip(axes[0], groups, strict=True):
         panel = [r for r in rows if (r["model"], r["video"]) == g]
-        classes = all(r["top1_agreement"] is not None for r in panel)
+        classes = all(
+            r["top1_agreement"] is not None and r.get("pretrained", False) for r in panel
+        )
 
         def accuracy(r, classes=classes):
             if classes:
