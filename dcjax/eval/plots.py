@@ -216,9 +216,7 @@ def pareto(records: Sequence[Record], methods: Sequence[str] = PARETO_METHODS) -
     fig, axes = _subplots(1, len(groups), figsize=(4.6 * len(groups), 3.8), squeeze=False)
     for ax, g in zip(axes[0], groups, strict=True):
         panel = [r for r in rows if (r["model"], r["video"]) == g]
-        classes = all(
-            r["top1_agreement"] is not None and r.get("pretrained", False) for r in panel
-        )
+        classes = all(r["top1_agreement"] is not None and r.get("pretrained", False) for r in panel)
 
         def accuracy(r, classes=classes):
             if classes:
