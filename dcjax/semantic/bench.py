@@ -15,11 +15,12 @@ speedup over no-cache, top-1 agreement with no-cache, exit rate per exit point,
 the ideal speedup implied by the skipped convolution FLOPs, the memory's size
 in MB, the exit ceiling (`dcjax.semantic.ceiling`: per exit point, the most
 frames any threshold could exit there at the target agreement, with the
-calibrated centres and with centres fitted on the evaluation frames), and a sweep of
-``tau`` (latency against agreement, as the paper's
-Figure 9). Calibration: ``--calibration other-clip`` uses the other bundled
-clip (``box`` for ``vtest``); ``split`` uses the first ``--calib-frames``
-frames of the evaluation clip and evaluates on the rest. Results go to
+calibrated centres and with centres fitted on the evaluation frames), and a
+sweep of ``tau`` (latency against agreement, as the paper's Figure 9; by
+default log-spaced over the AC the calibrated memory sees, `auto_taus`).
+Calibration: ``--calibration other-clip`` uses the other bundled clip (``box``
+for ``vtest``); ``split`` uses the first ``--calib-frames`` frames of the
+evaluation clip and evaluates on the rest. Results go to
 ``bench-results/semantic.json``. Timings on a shared CPU are noisy.
 """
 
@@ -39,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["main", "run_benchmark"]
+__all__ = ["auto_taus", "main", "run_benchmark"]
 
 _MODEL = "efficientnet_lite0"
 _TARGET = 0.97
@@ -73,7 +74,7 @@ def run_benchmark(
     calib_frames: int = 100,
     frames: int | None = None,
     repeats: int = 3,
-    taus: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0),
+    taus: tuple[float, ...] | None = None,
     tau: float | None = None,
     max_fast: int = 10,
     window: int = 10,
@@ -105,7 +106,7 @@ def run_benchmark(
         frame_shape=tuple(data.shape[1:]),
         preprocess=lambda f: models.preprocess(_MODEL, f),
     )
-    tau0 = max(taus) if tau is None else tau  # the compiled default; states carry their own
+    tau0 = 1.0 if tau is None else tau  # the compiled default; states carry their own
     sem = {"max_fast": max_fast, "window": window}
     if exit_points:
         sem["exit_points"] = tuple(exit_points)
@@ -155,6 +156,10 @@ def run_benchmark(
             f"{best['name']} covers {best['coverage']:.2f} at {target_agreement:.0%} agreement "
             f"(ideal {best['ideal_speedup']:.2f}x)"
         )
+
+    if taus is None:
+        taus = auto_taus(ceiling["calibrated"])
+        _log(f"tau sweep (from the calibrated memory's AC): {', '.join(f'{t:.3g}' for t in taus)}")
 
     _, _, ref_outs, _ = _time_stream(runners["no-cache"].step, (), data)
     ref = np.concatenate([_top1(o) for o in ref_outs])
@@ -245,6 +250,23 @@ def run_benchmark(
     }
 
 
+def auto_taus(ceiling: dict, count: int = 8) -> tuple[float, ...]:
+    """``count`` thresholds log-spaced over the AC the exit points see.
+
+    From the smallest 10th percentile of AC over the exit points of a
+    `dcjax.semantic.exit_ceiling` result to four times the largest 90th: the
+    range where ``tau`` changes how often frames exit, up to (almost) never
+    (AC's scale depends on the calibration: on frames of another clip it is
+    orders of magnitude larger).
+    """
+    qs = np.asarray([p["ac_quantiles"] for p in ceiling["points"]], np.float64)
+    lo, hi = np.nanmin(qs[:, 0]), np.nanmax(qs[:, 2])
+    if not (np.isfinite(lo) and np.isfinite(hi)) or hi <= 0:
+        return (0.05, 0.1, 0.2, 0.5, 1.0)
+    lo = max(lo, hi * 1e-4)
+    return tuple(float(f"{t:.3g}") for t in np.geomspace(lo, 4.0 * hi, count))
+
+
 def _ceiling(cached, calib: np.ndarray, data: np.ndarray, target: float) -> dict:
     """`dcjax.semantic.exit_ceiling` on ``data`` with two memories.
 
@@ -293,7 +315,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--frames", type=int, default=None, help="evaluate on the first N frames")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tau", type=float, default=None)
-    p.add_argument("--taus", default="0.05,0.1,0.2,0.3,0.5,1.0")
+    p.add_argument(
+        "--taus",
+        default="auto",
+        help="comma-separated, or auto: log-spaced over the AC the exit points see",
+    )
     p.add_argument("--max-fast", type=int, default=10)
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--kernel", default="auto")
@@ -306,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
         calib_frames=a.calib_frames,
         frames=a.frames,
         repeats=a.repeats,
-        taus=tuple(float(t) for t in a.taus.split(",") if t),
+        taus=None if a.taus == "auto" else tuple(float(t) for t in a.taus.split(",") if t),
         tau=a.tau,
         max_fast=a.max_fast,
         window=a.window,

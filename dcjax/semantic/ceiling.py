@@ -12,6 +12,8 @@ from semantic vectors and labels alone (numpy, no model), per exit point:
   frames in decreasing AC (the best any single threshold can do), with at least
   ``target`` of them agreeing with the full model;
 - ``tau``: the threshold that achieves that coverage;
+- ``ac_quantiles``: the 10th, 50th and 90th percentiles of AC there (the
+  scale of useful thresholds, which depends on the calibration);
 - ``ideal_speedup`` (given the fraction of the model's FLOPs an exit there
   skips): the FLOP speedup of exiting that coverage there, everything else
   running in full.
@@ -65,7 +67,8 @@ def exit_ceiling(
             there skips (adds ``ideal_speedup`` to each point).
 
     Returns:
-        ``{"points": [{"name", "accuracy", "coverage", "tau"[, "ideal_speedup"]}, ...],
+        ``{"points": [{"name", "accuracy", "coverage", "tau", "ac_quantiles"[,
+        "ideal_speedup"]}, ...],
         "stability", "known_classes"}``; ``known_classes`` is the fraction of
         evaluation frames whose top-1 has a calibrated centre (no exit can
         return any other class).
@@ -101,7 +104,15 @@ def exit_ceiling(
         count = int(ok[-1]) + 1 if ok.size else 0
         # a threshold just under the last exiting frame's AC (exits need AC > tau)
         tau = float(np.nextafter(ac[order][count - 1], -np.inf)) if count else float("inf")
-        point = {"name": name, "accuracy": float(agree.mean()), "coverage": count / n, "tau": tau}
+        finite = ac[np.isfinite(ac)]
+        quantiles = np.quantile(finite, [0.1, 0.5, 0.9]) if finite.size else [np.nan] * 3
+        point = {
+            "name": name,
+            "accuracy": float(agree.mean()),
+            "coverage": count / n,
+            "tau": tau,
+            "ac_quantiles": [float(q) for q in quantiles],
+        }
         if skipped is not None:
             point["ideal_speedup"] = 1.0 / (1.0 - point["coverage"] * float(skipped[level]))
         points.append(point)

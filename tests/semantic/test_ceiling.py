@@ -67,3 +67,26 @@ def test_unknown_classes_and_bad_arguments():
         exit_ceiling(vec, cal, [], ev)
     with pytest.raises(ValueError, match="target"):
         exit_ceiling(vec, cal, vec, cal, target=0.0)
+
+
+def test_ac_quantiles_and_the_automatic_tau_sweep():
+    from dcjax.semantic.bench import auto_taus
+
+    rng = np.random.default_rng(2)
+    cal = rng.integers(0, 3, 60)
+    ev = rng.integers(0, 3, 50)
+    vec_cal = [_clusters(rng, cal, 4, 2.0), _clusters(rng, cal, 6, 0.5)]
+    vec_ev = [_clusters(rng, ev, 4, 2.0), _clusters(rng, ev, 6, 0.5)]
+    res = exit_ceiling(vec_cal, cal, vec_ev, ev)
+    for p in res["points"]:
+        q10, q50, q90 = p["ac_quantiles"]
+        assert 0 <= q10 <= q50 <= q90
+    taus = auto_taus(res, count=5)
+    assert len(taus) == 5 and list(taus) == sorted(taus)
+    lo = min(p["ac_quantiles"][0] for p in res["points"])
+    hi = max(p["ac_quantiles"][2] for p in res["points"])
+    assert taus[0] == pytest.approx(max(lo, hi * 1e-4), rel=1e-2)
+    assert taus[-1] == pytest.approx(4 * hi, rel=1e-2)
+    # one class only: AC is -inf everywhere, the sweep falls back to fixed values
+    one = exit_ceiling([np.ones((4, 2))], np.zeros(4, int), [np.ones((3, 2))], np.zeros(3, int))
+    assert auto_taus(one) == (0.05, 0.1, 0.2, 0.5, 1.0)
