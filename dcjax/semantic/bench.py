@@ -260,9 +260,12 @@ def auto_taus(ceiling: dict, count: int = 8) -> tuple[float, ...]:
     orders of magnitude larger).
     """
     qs = np.asarray([p["ac_quantiles"] for p in ceiling["points"]], np.float64)
+    fallback = (0.05, 0.1, 0.2, 0.5, 1.0)
+    if not np.isfinite(qs).any():  # fewer than two classes anywhere: no AC
+        return fallback
     lo, hi = np.nanmin(qs[:, 0]), np.nanmax(qs[:, 2])
     if not (np.isfinite(lo) and np.isfinite(hi)) or hi <= 0:
-        return (0.05, 0.1, 0.2, 0.5, 1.0)
+        return fallback
     lo = max(lo, hi * 1e-4)
     return tuple(float(f"{t:.3g}") for t in np.geomspace(lo, 4.0 * hi, count))
 
