@@ -42,51 +42,28 @@ class _Parser(argparse.ArgumentParser):
         return (parts[-1] + " ") if len(parts) > 1 else ""
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive int, got {value}")
-    return value
+def _number(kind: type, ok, wanted: str):
+    """An argparse ``type``: parse ``kind`` (int or float), then check ``ok(value)``."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{wanted}, got {text}")
+        return value
+
+    return parse
 
 
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def _frames_int(text: str) -> int:
-    value = _positive_int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"needs at least 2 frames, got {value}")
-    return value
-
-
-def _width(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
-    if not 0 < value <= 4:
-        raise argparse.ArgumentTypeError(f"must be in (0, 4], got {value}")
-    return value
+_positive_int = _number(int, lambda v: v >= 1, "must be a positive int")
+_nonnegative_int = _number(int, lambda v: v >= 0, "must be >= 0")
+_nonnegative_float = _number(
+    float, lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0"
+)
+_frames_int = _number(int, lambda v: v >= 2, "needs at least 2 frames")
+_width = _number(float, lambda v: 0 < v <= 4, "must be in (0, 4]")
 
 
 def _add_size_args(p: argparse.ArgumentParser) -> None:
