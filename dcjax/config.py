@@ -174,6 +174,12 @@ class Config:
             default) disables them.
         refine: bounded-error refinement of reuse masks inside the network
             (`RefineConfig`); ``None`` (the default) is plain DeepCache.
+        fuse_epilogues: cache each reused convolution together with the
+            per-channel elementwise chain after it (batch norm, bias,
+            activation), so that reused pixels skip that chain too and no
+            separate pass over the map is left for it (see
+            `dcjax.kernels.Epilogue`). Not with Pallas kernels or semantic
+            exits, where it is off whatever this says.
     """
 
     block_size: int = 10
@@ -189,6 +195,7 @@ class Config:
     reuse_ops: tuple[str, ...] = ("conv_general_dilated",)
     semantic: SemanticConfig | None = None
     refine: RefineConfig | None = None
+    fuse_epilogues: bool = True
 
     def __post_init__(self) -> None:
         _check(
@@ -235,6 +242,10 @@ class Config:
         _check(
             self.semantic is None or isinstance(self.semantic, SemanticConfig),
             f"Config.semantic must be a SemanticConfig or None, got {self.semantic!r}",
+        )
+        _check(
+            isinstance(self.fuse_epilogues, bool),
+            f"Config.fuse_epilogues must be a bool, got {self.fuse_epilogues!r}",
         )
         _check(
             self.refine is None or isinstance(self.refine, RefineConfig),

@@ -99,7 +99,15 @@ class CacheState:
 
 
 class CachedModel:
-    """A model compiled for cached per-frame inference; see `transform`."""
+    """A model compiled for cached per-frame inference; see `transform`.
+
+    Attributes:
+        layers: the reused layers (`Layer`), in execution order.
+        epilogues: per layer, the primitives of the elementwise chain cached
+            with it (`Config.fuse_epilogues`); empty where none is.
+        total_flops: convolution FLOPs of a full recompute.
+        unsupported_primitives: primitives without a mask rule.
+    """
 
     def __init__(
         self,
@@ -160,6 +168,17 @@ class CachedModel:
                     strict=True,
                 )
             )
+        fused = (
+            config.fuse_epilogues
+            and config.semantic is None
+            and not config.kernel.startswith("pallas")
+        )
+        self.epilogues: tuple[tuple[str, ...], ...] = tuple(
+            chain if fused and keep else ()
+            for chain, keep in zip(
+                _layer_epilogues(self._analysis, len(self.layers)), self._keeps_cache, strict=True
+            )
+        )
         self.unsupported_primitives: tuple[str, ...] = tuple(sorted(self._analysis.unsupported))
         if self.unsupported_primitives:
             warnings.warn(
@@ -401,12 +420,16 @@ class CachedModel:
             **cfg.matcher_options,
         )  # fmt: skip
 
-    def _reuse_layer(self, index, eqn, invals, mask, shifted):
+    def _reuse_layer(self, index, eqn, invals, mask, shifted, epilogue=None):
         """One reused convolution: fresh values where ``mask`` is false."""
         scattered = self._refined is not None and self._refined[index]
         return kernels.masked_conv_eqn(
-            eqn, invals, mask, shifted, self.config.kernel, scattered=scattered
+            eqn, invals, mask, shifted, self.config.kernel, scattered=scattered, epilogue=epilogue
         )
+
+    def _fuses(self, index: int) -> bool:
+        """Whether layer ``index`` is cached with its epilogue (`Config.fuse_epilogues`)."""
+        return bool(self.epilogues[index])
 
     def _refiner(self, state: CacheState, ctx: FrameContext, refresh: jax.Array):
         """The refinement hook, and the lists it fills with new references and scales.
@@ -468,7 +491,7 @@ class CachedModel:
         caches = list(state.caches)
         fractions = [jnp.float32(0.0)] * len(self.layers)
 
-        def reuse_value(index, eqn, invals, mask):
+        def reuse_value(index, eqn, invals, mask, epilogue=None):
             """(output, reusable fraction, new cache) of one layer."""
             layer = self.layers[index]
             mask = mask & state.layer_valid[index]
@@ -477,11 +500,11 @@ class CachedModel:
                 return kernels.dense_conv_eqn(eqn, invals), fraction, state.caches[index]
             dy, dx, _ = ctx.shift(layer.signature)
             shifted = _shift(state.caches[index], dy, dx, layer.signature.axes)
-            out = self._reuse_layer(index, eqn, invals, mask, shifted)
+            out = self._reuse_layer(index, eqn, invals, mask, shifted, epilogue)
             return out, fraction, out
 
-        def reuse(index, eqn, invals, mask):
-            out, fractions[index], caches[index] = reuse_value(index, eqn, invals, mask)
+        def reuse(index, eqn, invals, mask, epilogue=None):
+            out, fractions[index], caches[index] = reuse_value(index, eqn, invals, mask, epilogue)
             return out
 
         refs, ref_scale, refine_fn = self._refiner(state, ctx, refresh)
@@ -489,9 +512,10 @@ class CachedModel:
         layer_valid = jnp.ones((len(self.layers),), bool)
         semantic, semantic_info = state.semantic, {}
         if self._semantic is None:
+            fuse = self._fuses if any(self.epilogues) else None
             outs, _ = evaluate(
                 self._analysis, [*leaves, x[None]], [True] * n + [r0], ctx, reuse,
-                refine=refine_fn,
+                refine=refine_fn, fuse=fuse,
             )  # fmt: skip
         else:  # early exits: the rest of the network inside nested lax.cond
             outs, caches, fractions, layer_valid, semantic, semantic_info = self._semantic.step(
@@ -541,19 +565,33 @@ class CachedModel:
         return outs, state, infos
 
 
-def _layers_reading_cache(analysis, n_layers: int, impl: str) -> tuple[bool, ...]:
-    """Per layer, whether its kernel reads a cache (`kernels.reads_cache`)."""
-    keeps = [True] * n_layers
+def _per_layer(analysis, n_layers: int, value: Callable[[Any, Any, Any], Any]) -> tuple:
+    """``value(analysis, eqn, info)`` for each layer's equation, in layer order."""
+    out: list = [None] * n_layers
 
     def walk(an):
         for eqn, info in zip(an.jaxpr.jaxpr.eqns, an.eqns):
             if info.sub is not None:
                 walk(info.sub)
             elif info.layer is not None:
-                keeps[info.layer] = kernels.reads_cache(eqn, impl)
+                out[info.layer] = value(an, eqn, info)
 
     walk(analysis)
-    return tuple(keeps)
+    return tuple(out)
+
+
+def _layers_reading_cache(analysis, n_layers: int, impl: str) -> tuple[bool, ...]:
+    """Per layer, whether its kernel reads a cache (`kernels.reads_cache`)."""
+    return _per_layer(analysis, n_layers, lambda an, eqn, info: kernels.reads_cache(eqn, impl))
+
+
+def _layer_epilogues(analysis, n_layers: int) -> tuple[tuple[str, ...], ...]:
+    """Per layer, the primitive names of its epilogue chain (`signatures`)."""
+    return _per_layer(
+        analysis,
+        n_layers,
+        lambda an, eqn, info: tuple(an.jaxpr.jaxpr.eqns[j].primitive.name for j in info.epilogue),
+    )
 
 
 def _shift(a: jax.Array, dy: jax.Array, dx: jax.Array, axes: tuple[int, int]) -> jax.Array:

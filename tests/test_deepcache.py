@@ -474,3 +474,52 @@ def test_layers_computed_densely_keep_no_cache():
         small = _cached("resnet", deepcache.Config(kernel="auto"))
         assert all(lay.flops < auto.SMALL_LAYER_FLOPS for lay in small.layers)
         assert all(c.size == 0 for c in small.init().caches)
+
+
+def test_epilogues_are_cached_with_their_layers():
+    """Batch norm and ReLU are cached with the conv: same outputs, fewer passes."""
+
+    class ConvBNReLU(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            y = nn.relu(nn.BatchNorm(use_running_average=True)(nn.Conv(4, (3, 3))(x)))
+            return nn.Conv(3, (3, 3))(y)
+
+    module = ConvBNReLU()
+    variables = module.init(jax.random.key(0), jnp.zeros((1, SIZE, SIZE, 3)))
+    stats = variables["batch_stats"]["BatchNorm_0"]
+    variables = {  # statistics that make the batch norm do something
+        **variables,
+        "batch_stats": {"BatchNorm_0": {"mean": stats["mean"] + 0.3, "var": stats["var"] * 2.0}},
+    }
+    ref = jax.jit(lambda f: module.apply(variables, f[None]))
+
+    def make(fuse):
+        cfg = deepcache.Config(kernel="xla", fuse_epilogues=fuse, psnr_threshold=25.0)
+        return deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3), config=cfg)
+
+    fused, plain = make(True), make(False)
+    assert fused.epilogues[0][-1] == "custom_jvp_call" and "mul" in fused.epilogues[0]
+    assert fused.epilogues[1] == ("add",) and plain.epilogues == ((), ())  # the bias
+    frames = [_photo(SIZE, 3)] * 2
+    moved = frames[-1].copy()
+    moved[10:18, 4:14] = 1.0 - moved[10:18, 4:14]  # an object appears
+    frames.append(moved)
+    sf, sp = fused.init(), plain.init()
+    for t, f in enumerate(frames):
+        of, sf, inf = fused.step(sf, f)
+        op, sp, inp = plain.step(sp, f)
+        _close(of, ref(f))
+        _close(of, op)
+        np.testing.assert_array_equal(inf["reuse_fraction"], inp["reuse_fraction"])
+        if t == 0:  # the refresh computed every pixel: the caches hold each layer's value
+            conv = np.asarray(sp.caches[0])
+            _close(sf.caches[0], ref_hidden := np.asarray(jax.nn.relu(_bn(variables, conv))))
+            assert not np.allclose(ref_hidden, conv, atol=1e-3)
+    assert 0.0 < float(inf["reuse_fraction"][0]) < 1.0
+
+
+def _bn(variables, y):
+    bn = variables["batch_stats"]["BatchNorm_0"]
+    p = variables["params"]["BatchNorm_0"]
+    return (y - bn["mean"]) / jnp.sqrt(bn["var"] + 1e-5) * p["scale"] + p["bias"]

@@ -11,6 +11,9 @@ Public API:
   sparse kernel does); `work_fraction`: fraction of the dense work the `xla`
   kernel actually runs (its bucket capacity / tiles, 0 or 1).
 - `choose_impl`: what ``impl="auto"`` picks for a layer on a backend.
+- `Epilogue`: an elementwise per-channel map (batch norm, bias, activation)
+  that the kernels apply to the outputs they compute, so that reused pixels
+  skip it too (``masked_conv(..., epilogue=...)``).
 
 Contract: ``out = masked_conv(x, w, reuse_mask, cached, ...)`` equals
 ``lax.conv_general_dilated`` (NHWC input, HWIO weights) wherever ``reuse_mask``
@@ -22,6 +25,7 @@ Sparse implementations leave every clean output tile (every reusable pixel, for
 from dcjax.kernels.auto import choose as choose_impl
 from dcjax.kernels.masked import (
     IMPLS,
+    Epilogue,
     dense_conv_eqn,
     masked_conv,
     masked_conv_eqn,
@@ -38,6 +42,7 @@ from dcjax.kernels.tiles import (
 
 __all__ = [
     "IMPLS",
+    "Epilogue",
     "TilePlan",
     "choose_impl",
     "conv",

@@ -6,25 +6,60 @@ tolerance) wherever ``reuse_mask`` is false; where it is true, ``out`` is
 ``cached`` or the freshly computed value. With a sparse implementation every
 output tile without a false pixel (see `dcjax.kernels.tiles`) is ``cached``
 bit for bit and costs no convolution work.
+
+Epilogues: ``masked_conv(..., epilogue=Epilogue(fn, operands))`` returns
+``fn(conv(x, w), *operands)`` wherever ``reuse_mask`` is false (``cached`` then
+holds previous *epilogue outputs*). ``fn`` must act on every output element
+independently, keep shape and dtype, and take ``operands`` that are scalars or
+``(Cout,)`` vectors broadcast along the channel axis (a batch norm in inference
+mode, a bias, an activation) and ``pixel_operands`` shaped like the output (a
+residual branch added in). The sparse kernels apply it to the rows or tiles
+they compute, before the scatter, so the reused pixels skip the epilogue as
+well as the convolution, and no separate pass over the whole map is left for
+it. The Pallas kernels take no epilogue: with one, ``masked_conv`` computes the
+reference (dense, epilogue, select) instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from dcjax.kernels import auto as _auto
 from dcjax.kernels import tiles as _tiles
-from dcjax.kernels.reference import reference_masked_conv
+from dcjax.kernels.reference import conv, reference_masked_conv
 from dcjax.kernels.rows import rows_masked_conv
 from dcjax.kernels.xla import dense_conv, xla_masked_conv
 
-__all__ = ["IMPLS", "dense_conv_eqn", "masked_conv", "masked_conv_eqn", "reads_cache"]
+__all__ = ["IMPLS", "Epilogue", "dense_conv_eqn", "masked_conv", "masked_conv_eqn", "reads_cache"]
 
 #: Accepted values of ``impl``.
 IMPLS = ("auto", "reference", "dense", "xla", "rows", "pallas", "pallas_gpu", "pallas_tpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+    """An elementwise map applied to freshly computed convolution outputs.
+
+    Attributes:
+        fn: ``fn(y, *operands, *pixel_operands)``; acts on each element of ``y``
+            (any leading shape, channels last) on its own, keeping shape and
+            dtype; the pixel operands arrive cut to ``y``'s pixels.
+        operands: scalars or ``(Cout,)`` vectors, broadcast along the last axis.
+        pixel_operands: arrays shaped like the output (N, Ho, Wo, Cout), such
+            as a residual branch: a kernel reads them at the pixels it computes.
+    """
+
+    fn: Callable[..., jax.Array]
+    operands: tuple = ()
+    pixel_operands: tuple = ()
+
+    def __call__(self, y: jax.Array) -> jax.Array:
+        """The epilogue on a whole output ``y``."""
+        return self.fn(y, *self.operands, *self.pixel_operands)
 
 
 def masked_conv(
@@ -41,6 +76,7 @@ def masked_conv(
     tile: tuple[int, int] | None = None,
     interpret: bool = False,
     scattered: bool = False,
+    epilogue: Epilogue | None = None,
 ) -> jax.Array:
     """Convolution that recomputes only the output tiles holding non-reusable pixels.
 
@@ -69,6 +105,8 @@ def masked_conv(
         interpret: run Pallas kernels in interpret mode (needed on CPU).
         scattered: a hint for ``impl="auto"``: the masks are scattered at
             pixel level (refinement), which favours pixel-granular kernels.
+        epilogue: an `Epilogue` applied to every freshly computed output (see
+            the module docstring); ``cached`` then holds epilogue outputs.
 
     Returns:
         (N, Ho, Wo, Cout) output, dtype of ``lax.conv_general_dilated``.
@@ -103,16 +141,18 @@ def masked_conv(
         impl, auto_tile = _auto.choose(p, jax.default_backend(), scattered)
         if tile is None and auto_tile is not None:
             tile = auto_tile
-    if impl == "reference":
-        return reference_masked_conv(x, w, reuse_mask, cached, **kwargs)
+    if impl == "reference" or (epilogue is not None and impl.startswith("pallas")):
+        if epilogue is None:
+            return reference_masked_conv(x, w, reuse_mask, cached, **kwargs)
+        fresh = epilogue(conv(x, w, **kwargs))
+        return jnp.where(reuse_mask[..., None], cached.astype(fresh.dtype), fresh)
     if impl == "dense":
-        return dense_conv(x, w, p)
-    if impl == "xla":
-        return xla_masked_conv(x, w, reuse_mask, cached, tile=tile, **kwargs)
+        out = dense_conv(x, w, p)
+        return out if epilogue is None else epilogue(out)
     if impl == "rows" and groups == 1:
-        return rows_masked_conv(x, w, reuse_mask, cached, **kwargs)
+        return rows_masked_conv(x, w, reuse_mask, cached, epilogue=epilogue, **kwargs)
     if impl in ("xla", "rows"):  # rows computes ungrouped convolutions only
-        return xla_masked_conv(x, w, reuse_mask, cached, tile=tile, **kwargs)
+        return xla_masked_conv(x, w, reuse_mask, cached, tile=tile, epilogue=epilogue, **kwargs)
     if impl == "pallas":
         impl = "pallas_tpu" if jax.default_backend() == "tpu" else "pallas_gpu"
     if not interpret and jax.default_backend() != {"pallas_gpu": "gpu", "pallas_tpu": "tpu"}[impl]:
@@ -168,14 +208,21 @@ def dense_conv_eqn(eqn, invals) -> jax.Array:
 
 
 def masked_conv_eqn(
-    eqn, invals, mask: jax.Array, cached: jax.Array, impl: str, scattered: bool = False
+    eqn,
+    invals,
+    mask: jax.Array,
+    cached: jax.Array,
+    impl: str,
+    scattered: bool = False,
+    epilogue: Epilogue | None = None,
 ) -> jax.Array:
     """`masked_conv` for a ``conv_general_dilated`` equation of a traced model.
 
     ``mask`` is (Ho, Wo) in the output's spatial order and ``cached`` has the
     equation's output layout. Plain NHWC convolutions with default precision go
     through `masked_conv` (Pallas interpreted on CPU); any other layout, and
-    ``impl="reference"``, computes the equation densely and selects.
+    ``impl="reference"``, computes the equation densely and selects. An
+    ``epilogue`` is only accepted for plain convolutions (channels last).
     """
     p = eqn.params
     x, w = invals
@@ -186,8 +233,13 @@ def masked_conv_eqn(
             strides=p["window_strides"], padding=p["padding"], dilation=p["rhs_dilation"],
             groups=p["feature_group_count"], impl=impl,
             interpret=impl == "pallas" and jax.default_backend() == "cpu", scattered=scattered,
+            epilogue=epilogue,
         )  # fmt: skip
     dense = eqn.primitive.bind(x, w, **p)
+    if epilogue is not None:
+        if not _plain(p):
+            raise ValueError("dcjax: an epilogue needs a channels-last (NHWC) convolution")
+        dense = epilogue(dense)
     oy, ox = p["dimension_numbers"].out_spec[2:]
     shape = [1] * dense.ndim
     shape[oy], shape[ox] = mask.shape

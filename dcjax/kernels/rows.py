@@ -39,13 +39,23 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from dcjax.kernels import tiles as _tiles
-from dcjax.kernels.xla import dense_conv, pooled_over_streams, sparse_or_dense
+from dcjax.kernels.xla import (
+    apply_epilogue,
+    dense_conv,
+    epilogue_parts,
+    pooled_over_streams,
+    sparse_or_dense,
+)
+
+if TYPE_CHECKING:
+    from dcjax.kernels.masked import Epilogue
 
 __all__ = ["DENSE_FRACTION", "RowPlan", "row_plan", "row_schedule", "rows_masked_conv"]
 
@@ -170,7 +180,7 @@ def _scatter_rows(out: jax.Array, pixels: jax.Array, vals: jax.Array) -> jax.Arr
     )  # fmt: skip
 
 
-def _rows_unbatched(x, w, reuse_mask, cached, rp: RowPlan) -> jax.Array:
+def _rows_unbatched(x, w, reuse_mask, cached, epi_ops, rp: RowPlan, fn=None) -> jax.Array:
     p = rp.tiles
     out_dtype = jnp.result_type(x.dtype, w.dtype)
     dirty = ~reuse_mask.reshape(p.n * p.ho, p.wo)
@@ -178,18 +188,23 @@ def _rows_unbatched(x, w, reuse_mask, cached, rp: RowPlan) -> jax.Array:
     idx = _dirty_rows(dirty, rp.max_chunks * rp.chunk)
     hw = p.ho * p.wo
 
-    def step(i, out, x, w, idx):
+    def step(i, out, x, w, idx, epi_ops):
         r = lax.dynamic_slice_in_dim(idx, i * rp.chunk, rp.chunk)
         b, rem = r // hw, r % hw  # padding slots: b >= N, dropped by the scatter
         oy, ox = rem // p.wo, rem % p.wo
         rows = _patches(_tiles.pad_input(x, p), jnp.minimum(b, p.n - 1), oy, ox, p)
         vals = rows.astype(out_dtype) @ w.reshape(-1, p.cout).astype(out_dtype)
+        ops, pix = epi_ops
+        bc = jnp.minimum(b, p.n - 1)
+        vals = apply_epilogue(fn, vals, ops, tuple(q[bc, oy, ox] for q in pix))
         return _scatter_rows(out, jnp.stack([b, oy, ox], axis=1), vals)
 
-    def dense(x, w, idx):
-        return dense_conv(x, w, p)
+    def dense(x, w, idx, epi_ops):
+        return apply_epilogue(fn, dense_conv(x, w, p), *epi_ops)
 
-    return sparse_or_dense(cached.astype(out_dtype), chunks, step, use_dense, dense, (x, w, idx))
+    return sparse_or_dense(
+        cached.astype(out_dtype), chunks, step, use_dense, dense, (x, w, idx, epi_ops)
+    )
 
 
 def rows_masked_conv(
@@ -204,11 +219,12 @@ def rows_masked_conv(
     groups: int = 1,
     chunk: int | None = None,
     dense_fraction: float | None = None,
+    epilogue: Epilogue | None = None,
 ) -> jax.Array:
     """Sparse masked convolution at pixel granularity (see the module docstring).
 
     Args:
-        x, w, reuse_mask, cached, strides, padding, dilation: as in
+        x, w, reuse_mask, cached, strides, padding, dilation, epilogue: as in
             `dcjax.kernels.masked_conv`.
         groups: must be 1.
         chunk: output pixels per loop step (default: `row_plan`'s rule).
@@ -229,11 +245,13 @@ def rows_masked_conv(
     strides, dilation = tuple(strides), tuple(dilation)
     pad_arg = padding if isinstance(padding, str) else tuple(map(tuple, padding))
 
-    def unbatched(x, w, reuse_mask, cached):
+    fn, epi_ops = epilogue_parts(epilogue)
+
+    def unbatched(x, w, reuse_mask, cached, epi_ops):
         p = _tiles.plan(x.shape, w.shape, strides=strides, padding=pad_arg, dilation=dilation)
         rp = row_plan(p, chunk=chunk, dense_fraction=dense_fraction)
-        return _rows_unbatched(x, w, reuse_mask, cached, rp)
+        return _rows_unbatched(x, w, reuse_mask, cached, epi_ops, rp, fn)
 
-    return pooled_over_streams(unbatched, strides, pad_arg, dilation, groups)(
-        x, w, reuse_mask, cached
+    return pooled_over_streams(unbatched, strides, pad_arg, dilation, groups, fn)(
+        x, w, reuse_mask, cached, epi_ops
     )

@@ -32,7 +32,8 @@ per stream).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +42,13 @@ from jax import lax
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.reference import DIMENSION_NUMBERS, conv
 
+if TYPE_CHECKING:
+    from dcjax.kernels.masked import Epilogue
+
 __all__ = [
+    "apply_epilogue",
+    "epilogue_parts",
+    "gather_tiles",
     "gather_windows",
     "pooled_over_streams",
     "scatter_tiles",
@@ -198,8 +205,36 @@ def sparse_or_dense(cached, chunks, step, use_dense, dense, operands):
     )
 
 
+def apply_epilogue(
+    fn: Callable[..., jax.Array] | None, y: jax.Array, ops: tuple, pix: tuple = ()
+) -> jax.Array:
+    """``fn(y, *ops, *pix)``, or ``y`` without an epilogue (see `dcjax.kernels.Epilogue`).
+
+    ``pix`` are the epilogue's pixel operands already cut to ``y``'s pixels.
+    """
+    return y if fn is None else fn(y, *ops, *pix)
+
+
+def gather_tiles(a: jax.Array, origins: jax.Array, th: int, tw: int) -> jax.Array:
+    """Tiles (capacity, th, tw, C) of an output-shaped ``a`` at ``origins`` (n, oy, ox)."""
+    starts = jnp.concatenate([origins, jnp.zeros_like(origins[:, :1])], axis=1)
+    dnums = lax.GatherDimensionNumbers(
+        offset_dims=(1, 2, 3), collapsed_slice_dims=(0,), start_index_map=(0, 1, 2, 3)
+    )
+    return lax.gather(
+        a, starts, dnums, slice_sizes=(1, th, tw, a.shape[-1]),
+        mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS,
+    )  # fmt: skip
+
+
 def _masked_conv_unbatched(
-    x: jax.Array, w: jax.Array, reuse_mask: jax.Array, cached: jax.Array, p: _tiles.TilePlan
+    x: jax.Array,
+    w: jax.Array,
+    reuse_mask: jax.Array,
+    cached: jax.Array,
+    epi_ops: tuple,
+    p: _tiles.TilePlan,
+    fn: Callable[..., jax.Array] | None = None,
 ) -> jax.Array:
     fast = jax.default_backend() == "cpu"
     out_dtype = jnp.result_type(x.dtype, w.dtype)
@@ -207,16 +242,18 @@ def _masked_conv_unbatched(
     use_dense, chunks = _tiles.schedule(dirty.sum(), p)
     origins = _tiles.dirty_tile_list(dirty, p, p.max_chunks * p.chunk)
 
-    def step(i, out, x, w, origins):
+    def step(i, out, x, w, origins, epi_ops):
         o = lax.dynamic_slice_in_dim(origins, i * p.chunk, p.chunk)
         fresh = valid_conv(gather_windows(_tiles.pad_input(x, p), o, p), w, p, fast)
-        return scatter_tiles(out, o, fresh)
+        ops, pix = epi_ops
+        pix = tuple(gather_tiles(q, o, p.th, p.tw) for q in pix)
+        return scatter_tiles(out, o, apply_epilogue(fn, fresh.astype(out_dtype), ops, pix))
 
-    def dense(x, w, origins):
-        return dense_conv(x, w, p)
+    def dense(x, w, origins, epi_ops):
+        return apply_epilogue(fn, dense_conv(x, w, p), *epi_ops)
 
     return sparse_or_dense(
-        cached.astype(out_dtype), chunks, step, use_dense, dense, (x, w, origins)
+        cached.astype(out_dtype), chunks, step, use_dense, dense, (x, w, origins, epi_ops)
     )
 
 
@@ -232,12 +269,13 @@ def xla_masked_conv(
     groups: int = 1,
     tile: tuple[int, int] | None = None,
     p: _tiles.TilePlan | None = None,
+    epilogue: Epilogue | None = None,
 ) -> jax.Array:
     """Sparse masked convolution by tile gather, batched conv and scatter.
 
     Args:
-        x, w, reuse_mask, cached, strides, padding, dilation, groups, tile: as in
-            `dcjax.kernels.masked_conv`.
+        x, w, reuse_mask, cached, strides, padding, dilation, groups, tile,
+            epilogue: as in `dcjax.kernels.masked_conv`.
         p: a precomputed plan (overrides ``tile``).
 
     Returns:
@@ -248,7 +286,9 @@ def xla_masked_conv(
     strides, dilation = tuple(strides), tuple(dilation)
     pad_arg = padding if isinstance(padding, str) else tuple(map(tuple, padding))
 
-    def unbatched(x, w, reuse_mask, cached):
+    fn, epi_ops = epilogue_parts(epilogue)
+
+    def unbatched(x, w, reuse_mask, cached, epi_ops):
         if p is not None and p.n == x.shape[0]:
             q = p
         else:  # no plan, or a batch folded in by vmap: same tile, new tile count
@@ -261,39 +301,55 @@ def xla_masked_conv(
                 groups=groups,
                 tile=(p.th, p.tw) if p is not None else tile,
             )
-        return _masked_conv_unbatched(x, w, reuse_mask, cached, q)
+        return _masked_conv_unbatched(x, w, reuse_mask, cached, epi_ops, q, fn)
 
-    run = pooled_over_streams(unbatched, strides, pad_arg, dilation, groups)
-    return run(x, w, reuse_mask, cached)
+    run = pooled_over_streams(unbatched, strides, pad_arg, dilation, groups, fn)
+    return run(x, w, reuse_mask, cached, epi_ops)
 
 
-def pooled_over_streams(unbatched, strides, padding, dilation, groups):
-    """``unbatched(x, w, mask, cached)`` with a batching rule that pools streams into N.
+def epilogue_parts(epilogue: Epilogue | None) -> tuple[Callable | None, tuple[tuple, tuple]]:
+    """``(fn, (operands, pixel_operands))`` of an `Epilogue`, or ``(None, ((), ()))``."""
+    if epilogue is None:
+        return None, ((), ())
+    return epilogue.fn, (tuple(epilogue.operands), tuple(epilogue.pixel_operands))
+
+
+def pooled_over_streams(unbatched, strides, padding, dilation, groups, fn=None):
+    """``unbatched(x, w, mask, cached, (ops, pix))`` with a batching rule pooling streams into N.
 
     Under `jax.vmap` the mapped axis is folded into the batch axis N, so one
     schedule serves every stream instead of vmap batching the trip counts
-    (every stream running as many steps as the longest). Per-stream weights, which
-    cannot be pooled, fall back to the dense reference per stream.
+    (every stream running as many steps as the longest). The epilogue's pixel
+    operands ``pix`` are folded like ``x``. Per-stream weights or per-channel
+    epilogue operands ``ops`` (of the epilogue ``fn``), which cannot be pooled,
+    fall back to the dense reference per stream.
     """
 
     @jax.custom_batching.custom_vmap
-    def run(x, w, reuse_mask, cached):
-        return unbatched(x, w, reuse_mask, cached)
+    def run(x, w, reuse_mask, cached, epi_ops):
+        return unbatched(x, w, reuse_mask, cached, epi_ops)
 
     @run.def_vmap
-    def _run_vmap(axis_size, in_batched, x, w, reuse_mask, cached):
-        x_b, w_b, m_b, c_b = in_batched
-        if w_b:
+    def _run_vmap(axis_size, in_batched, x, w, reuse_mask, cached, epi_ops):
+        x_b, w_b, m_b, c_b, (ops_b, pix_b) = in_batched
+        ops, pix = epi_ops
+        if w_b or any(ops_b):
             # Per-stream weights: no pooling possible; compute densely per stream.
-            def one(x, w, m, c):
+            def one(x, w, m, c, ops, pix):
+                fresh = conv(
+                    x, w, strides=strides, padding=padding, dilation=dilation, groups=groups
+                )
                 return jnp.where(
                     m[..., None],
-                    c.astype(jnp.result_type(x.dtype, w.dtype)),
-                    conv(x, w, strides=strides, padding=padding, dilation=dilation, groups=groups),
+                    c.astype(fresh.dtype),
+                    apply_epilogue(fn, fresh, ops, pix),
                 )
 
-            axes = tuple(0 if b else None for b in in_batched)
-            return jax.vmap(one, in_axes=axes)(x, w, reuse_mask, cached), True
+            axes = tuple(0 if b else None for b in in_batched[:4]) + (
+                tuple(0 if b else None for b in ops_b),
+                tuple(0 if b else None for b in pix_b),
+            )
+            return jax.vmap(one, in_axes=axes)(x, w, reuse_mask, cached, ops, pix), True
 
         def fold(a, batched):
             if not batched:
@@ -301,7 +357,8 @@ def pooled_over_streams(unbatched, strides, padding, dilation, groups):
             return a.reshape((axis_size * a.shape[1], *a.shape[2:]))
 
         n = (x if x_b else reuse_mask if m_b else cached).shape[1]
-        out = run(fold(x, x_b), w, fold(reuse_mask, m_b), fold(cached, c_b))
+        pix = tuple(fold(q, b) for q, b in zip(pix, pix_b))
+        out = run(fold(x, x_b), w, fold(reuse_mask, m_b), fold(cached, c_b), (ops, pix))
         return out.reshape((axis_size, n, *out.shape[1:])), True
 
     return run

@@ -27,10 +27,11 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core as jcore
 
+from dcjax.kernels import Epilogue
 from dcjax.transforms import regions
-from dcjax.transforms.signatures import Analysis, Spatial
+from dcjax.transforms.signatures import Analysis, Spatial, elementwise_call, sub_jaxpr
 
-ReuseFn = Callable[[int, jcore.JaxprEqn, list, jax.Array], jax.Array]
+ReuseFn = Callable[..., jax.Array]
 RefineFn = Callable[[int, jax.Array, regions.Mask], regions.Mask]
 
 
@@ -108,6 +109,8 @@ class Env:
         self.analysis = analysis
         self.values: dict[Any, Any] = {}
         self.masks: dict[Any, Any] = {}
+        # fused layers waiting for the end of their epilogue: last eqn -> call
+        self.pending: dict[int, tuple] = {}
 
     @classmethod
     def of(cls, analysis: Analysis, args: Sequence[Any], masks: Sequence[regions.Mask]) -> Env:
@@ -122,6 +125,7 @@ class Env:
     def copy(self) -> Env:
         env = Env(self.analysis)
         env.values, env.masks = dict(self.values), dict(self.masks)
+        env.pending = dict(self.pending)
         return env
 
     def write(self, v, value, mask) -> None:
@@ -147,6 +151,7 @@ def evaluate(
     record: Callable[..., None] | None = None,
     _path: tuple[int, ...] = (),
     refine: RefineFn | None = None,
+    fuse: Callable[[int], bool] | None = None,
 ) -> tuple[list, list]:
     """Evaluate ``analysis.jaxpr`` on ``args``, propagating reuse masks.
 
@@ -163,12 +168,17 @@ def evaluate(
         refine: if given, called for every reused layer as ``refine(layer, x,
             in_mask)`` before its mask rule; returns the input mask the layer
             uses (refinement adds pixels whose value barely changed).
+        fuse: if given, ``fuse(layer)`` says whether the layer's epilogue is
+            fused (see the module docstring); ``reuse`` is then called as
+            ``reuse(layer, eqn, invals, out_mask, epilogue)``.
 
     Returns:
         The outputs and their masks.
     """
     env = Env.of(analysis, args, masks)
-    run_eqns(env, 0, len(analysis.eqns), ctx, reuse, on_unsupported, record, _path, refine)
+    run_eqns(
+        env, 0, len(analysis.eqns), ctx, reuse, on_unsupported, record, _path, refine, fuse
+    )
     return env.outputs()
 
 
@@ -182,12 +192,24 @@ def run_eqns(
     record: Callable[..., None] | None = None,
     _path: tuple[int, ...] = (),
     refine: RefineFn | None = None,
+    fuse: Callable[[int], bool] | None = None,
 ) -> None:
     """Evaluate equations ``start:stop`` of ``env.analysis`` into ``env``."""
     analysis = env.analysis
     eqns = analysis.jaxpr.jaxpr.eqns
     for i in range(start, stop):
         eqn, info = eqns[i], analysis.eqns[i]
+        if info.fused_into is not None and _fused(analysis, info.fused_into, fuse):
+            if i == analysis.eqns[info.fused_into].epilogue[-1]:
+                layer, leqn, linvals, mask = env.pending.pop(i)
+                chain = analysis.eqns[info.fused_into].epilogue
+                epilogue, pixel_masks = _epilogue(env, leqn, chain)
+                mask = regions.and_all([mask, *pixel_masks])
+                out = reuse(layer, leqn, linvals, mask, epilogue)
+                env.write(eqn.outvars[0], out, mask)
+                if record is not None and info.out_sigs[0] is not None:
+                    record(_path + (i,), eqn.outvars[0], info.out_sigs[0], out, mask)
+            continue
         invals, inmasks = zip(*(env.read(v) for v in eqn.invars)) if eqn.invars else ((), ())
         if not info.dynamic:
             outs, omasks = _bind(eqn, invals), [True] * len(eqn.outvars)
@@ -222,6 +244,9 @@ def run_eqns(
                 m & ctx.valid(o) if _needs_valid(info.in_sigs, o) else m
                 for m, o in zip(omasks, info.out_sigs)
             ]
+            if info.layer is not None and info.epilogue and _fused(analysis, i, fuse):
+                env.pending[info.epilogue[-1]] = (info.layer, eqn, list(invals), omasks[0])
+                continue  # evaluated where the epilogue ends
             if info.layer is not None:
                 outs = [reuse(info.layer, eqn, list(invals), omasks[0])]
             else:
@@ -232,9 +257,86 @@ def run_eqns(
                 record(_path + (i,), v, sig, val, m)
 
 
-def dense_reuse(layer: int, eqn: jcore.JaxprEqn, invals: list, mask: jax.Array) -> jax.Array:
+def _fused(analysis: Analysis, index: int, fuse: Callable[[int], bool] | None) -> bool:
+    """Whether the layer at equation ``index`` is evaluated with its epilogue."""
+    info = analysis.eqns[index]
+    return fuse is not None and bool(info.epilogue) and fuse(info.layer)
+
+
+def _epilogue(
+    env: Env, layer_eqn: jcore.JaxprEqn, chain: Sequence[int]
+) -> tuple[Epilogue, list[regions.Mask]]:
+    """The chain of equations ``chain`` as an `Epilogue`, and its pixel operands' masks.
+
+    Operands with a spatial signature are pixel operands (a residual branch);
+    the others are per-channel, passed as ``(C,)`` vectors or scalars.
+    """
+    analysis = env.analysis
+    eqns = analysis.jaxpr.jaxpr.eqns
+    v = layer_eqn.outvars[0]
+    steps, channel, pixel, pixel_masks = [], [], [], []
+    for j in chain:
+        e = eqns[j]
+        sub = elementwise_call(e)
+        if sub is not None:
+            steps.append((sub, None, ()))
+            v = e.outvars[0]
+            continue
+        slots = []
+        for u, sig in zip(e.invars, analysis.eqns[j].in_sigs):
+            if u is v:
+                slots.append(None)
+                continue
+            val, mask = env.read(u)
+            if sig is not None:
+                pixel.append(val)
+                pixel_masks.append(mask)
+                slots.append(("pixel", len(pixel) - 1))
+            else:
+                val = jnp.asarray(val)
+                channel.append(val.reshape(-1) if val.size > 1 else val.reshape(()))
+                slots.append(("channel", len(channel) - 1))
+        steps.append((e.primitive, e.params, tuple(slots)))
+        v = e.outvars[0]
+    n_channel = len(channel)
+
+    def fn(y, *ops):
+        for prim, params, slots in steps:
+            if params is None:  # an elementwise call: its body, on y's shape
+                y = _eval_elementwise(prim, y)
+                continue
+            args = [
+                y
+                if slot is None
+                else ops[n_channel + slot[1]]
+                if slot[0] == "pixel"
+                else jnp.broadcast_to(ops[slot[1]], y.shape)
+                for slot in slots
+            ]
+            y = prim.bind(*args, **params)
+        return y
+
+    return Epilogue(fn, tuple(channel), tuple(pixel)), pixel_masks
+
+
+def _eval_elementwise(closed: jcore.ClosedJaxpr, y: jax.Array) -> jax.Array:
+    """Run an `elementwise_call` body on ``y`` of any shape (calls inlined)."""
+    jaxpr = closed.jaxpr
+    vals = {jaxpr.invars[0]: y}
+    for e in jaxpr.eqns:
+        args = [u.val if isinstance(u, jcore.Literal) else vals[u] for u in e.invars]
+        sub = sub_jaxpr(e)
+        outs = [_eval_elementwise(sub, args[0])] if sub is not None else _bind(e, args)
+        vals.update(zip(e.outvars, outs))
+    return vals[jaxpr.outvars[0]]
+
+
+def dense_reuse(
+    layer: int, eqn: jcore.JaxprEqn, invals: list, mask: jax.Array, epilogue=None
+) -> jax.Array:
     """A ``reuse`` callback that computes every layer in full."""
-    return _bind(eqn, invals)[0]
+    out = _bind(eqn, invals)[0]
+    return out if epilogue is None else epilogue(out)
 
 
 def propagate_masks(

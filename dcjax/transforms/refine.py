@@ -34,6 +34,14 @@ every reference to the frame's input. Pixels reused through the matcher (exact
 matches) are outside this bound; they are DeepCache's own approximation,
 controlled by the PSNR threshold.
 
+With fused epilogues (`Config.fuse_epilogues`) the cache holds the output of
+the elementwise chain after the convolution rather than the convolution's; the
+bound above is on the convolution, and the chain moves it by at most its
+Lipschitz constant per channel (``|gamma| / sigma`` for a batch norm, 1 for
+ReLU); a fused residual add adds the residual branch's own error, which is
+bounded the same way since the chain's output is reused only where the
+residual is.
+
 ``layers="auto"`` refines a convolution only where the test is cheaper than the
 work it can save: the test reads each input element about three times (a
 subtraction, an absolute value, a max), the convolution spends

@@ -120,6 +120,9 @@ ELEMENTWISE = [
 ]  # fmt: skip
 
 
+_ELEMENTWISE_SET = frozenset(ELEMENTWISE)
+
+
 @register(*ELEMENTWISE)
 def _elementwise(eqn, sigs, **_):
     return [_first(sigs) for _ in eqn.outvars]
@@ -563,6 +566,8 @@ class EqnInfo:
     sub: Analysis | None = None
     supported: bool = True
     in_consts: list | None = None
+    epilogue: tuple[int, ...] = ()
+    fused_into: int | None = None
 
 
 @dataclasses.dataclass
@@ -720,12 +725,146 @@ def analyze(
             for v, s in zip(eqn.outvars, info.out_sigs):
                 env_sig[v], env_dyn[v] = s, dynamic
             infos.append(info)
+        _find_epilogues(cj.jaxpr, infos, read_dyn)
         out_sigs = [read_sig(v) for v in cj.jaxpr.outvars]
         return Analysis(cj, list(sigs), out_sigs, infos, layers, unsupported, 0)
 
     result = walk(closed, list(in_sigs), list(in_dynamic))
     result.other_conv_flops = other[0]
     return result
+
+
+#: Primitives an epilogue may hold (`_find_epilogues`): elementwise, one output.
+EPILOGUE_PRIMITIVES = frozenset(
+    [
+        P.add_p, P.sub_p, P.mul_p, P.div_p, P.max_p, P.min_p, P.neg_p, P.abs_p,
+        P.integer_pow_p, P.square_p, P.sqrt_p, P.rsqrt_p, P.exp_p, P.logistic_p, P.tanh_p,
+        P.erf_p, P.clamp_p,
+    ]
+)  # fmt: skip
+
+_NHWC_OUT = (0, 3, 1, 2)
+
+
+def _per_channel(v, shape: tuple[int, ...], dtype) -> bool:
+    """A literal scalar, or a variable broadcast along every axis but the last."""
+    if isinstance(v, jcore.Literal):
+        return np.ndim(v.val) == 0
+    s = tuple(v.aval.shape)
+    if v.aval.dtype != dtype:
+        return False
+    return s == () or (
+        len(s) == len(shape) and all(d == 1 for d in s[:-1]) and s[-1] in (1, shape[-1])
+    )
+
+
+def elementwise_call(eqn) -> jcore.ClosedJaxpr | None:
+    """The sub-jaxpr of a call-like equation that maps one array elementwise, or None.
+
+    Such a call (``jax.nn.relu`` is a ``custom_jvp_call`` of ``max(x, 0)``,
+    ``jax.nn.silu`` a ``jit`` of ``x * logistic(x)``) has one input and one
+    output of the same shape and dtype, and every equation inside is
+    elementwise (or such a call again) on that input, its own results and
+    scalar literals; it may read its input more than once.
+    """
+    sub = sub_jaxpr(eqn)
+    if sub is None or len(eqn.invars) != 1 or len(eqn.outvars) != 1:
+        return None
+    x, out = eqn.invars[0], eqn.outvars[0]
+    if isinstance(x, jcore.Literal) or (out.aval.shape, out.aval.dtype) != (
+        x.aval.shape,
+        x.aval.dtype,
+    ):
+        return None
+    return sub if _elementwise_body(sub, tuple(x.aval.shape)) else None
+
+
+def _elementwise_body(closed: jcore.ClosedJaxpr, shape: tuple[int, ...]) -> bool:
+    jaxpr = closed.jaxpr
+    if len(jaxpr.invars) != 1 or len(jaxpr.outvars) != 1 or jaxpr.constvars:
+        return False
+    known = {jaxpr.invars[0]}
+    for e in jaxpr.eqns:
+        for u in e.invars:
+            if isinstance(u, jcore.Literal):
+                if np.ndim(u.val) != 0:
+                    return False
+            elif u not in known:
+                return False
+        if sub_jaxpr(e) is not None:
+            if elementwise_call(e) is None:
+                return False
+        elif e.primitive not in _ELEMENTWISE_SET:
+            return False
+        if any(tuple(o.aval.shape) != shape for o in e.outvars):
+            return False
+        known.update(e.outvars)
+    return jaxpr.outvars[0] in known
+
+
+def _find_epilogues(jaxpr: jcore.Jaxpr, infos: list[EqnInfo], read_dyn) -> None:
+    """Mark each layer's epilogue: the chain of equations it may fuse.
+
+    A layer's output, if its only use is an `EPILOGUE_PRIMITIVES` equation whose
+    other operands are per-channel (scalars or ``(1, ..., 1, C)``, not
+    depending on the frame) or *pixel operands* (frame-dependent values with
+    the output's shape, dtype and spatial signature: a residual branch), or a
+    call that maps it elementwise (`elementwise_call`: ``jax.nn.relu``),
+    continues into that equation, and so on while each value has a single use,
+    shape and dtype stay and the channel axis is last (an NHWC convolution). A
+    batch norm in inference mode, a bias, a residual add and an activation
+    form such a chain. Layers claim equations in order: an equation is in at
+    most one chain. The layer's `EqnInfo.epilogue` lists the chain's equations
+    and each of them gets `EqnInfo.fused_into`.
+    """
+    uses: dict = {}
+    consumer: dict = {}
+    for j, e in enumerate(jaxpr.eqns):
+        for v in e.invars:
+            if not isinstance(v, jcore.Literal):
+                uses[v] = uses.get(v, 0) + 1
+                consumer[v] = j
+    for v in jaxpr.outvars:
+        if not isinstance(v, jcore.Literal):
+            uses[v] = uses.get(v, 0) + 1
+    for i, info in enumerate(infos):
+        eqn = jaxpr.eqns[i]
+        if info.layer is None or tuple(eqn.params["dimension_numbers"].out_spec) != _NHWC_OUT:
+            continue
+        v = eqn.outvars[0]
+        shape, dtype, sig = tuple(v.aval.shape), v.aval.dtype, info.out_sigs[0]
+        chain = []
+        while uses.get(v) == 1 and v in consumer:
+            j = consumer[v]
+            e = jaxpr.eqns[j]
+            out = e.outvars[0]
+
+            def operand_ok(u, s):
+                if read_dyn(u):  # a pixel operand
+                    return s == sig and (tuple(u.aval.shape), u.aval.dtype) == (shape, dtype)
+                return _per_channel(u, shape, dtype)
+
+            ok = infos[j].fused_into is None and (
+                elementwise_call(e) is not None
+                or (
+                    e.primitive in EPILOGUE_PRIMITIVES
+                    and len(e.outvars) == 1
+                    and tuple(out.aval.shape) == shape
+                    and out.aval.dtype == dtype
+                    and sum(u is v for u in e.invars) == 1
+                    and all(
+                        u is v or operand_ok(u, s) for u, s in zip(e.invars, infos[j].in_sigs)
+                    )
+                )
+            )
+            if not ok:
+                break
+            chain.append(j)
+            v = out
+        if chain:
+            info.epilogue = tuple(chain)
+            for j in chain:
+                infos[j].fused_into = i
 
 
 def _layer(index: int, eqn, in_sig: Spatial, out_sig: Spatial) -> Layer:

@@ -54,19 +54,27 @@ def _photo_stream(n: int, drift: float, noise: float, seed: int = 0) -> np.ndarr
 POSITIVE = jax.tree_util.tree_map(jnp.abs, PARAMS)
 
 
-def _transform(refine, params=PARAMS, **kw):
+def _transform(refine, params=PARAMS, model=two_layers, **kw):
     # these layers are small enough for kernel="auto" to run them dense (no cache,
     # nothing to refine) on CPU: a sparse kernel keeps their caches
     kw.setdefault("kernel", "xla")
     cfg = deepcache.Config(refine=refine, **kw)
-    return deepcache.transform(two_layers, params, frame_shape=(SIZE, SIZE, 3), config=cfg)
+    return deepcache.transform(model, params, frame_shape=(SIZE, SIZE, 3), config=cfg)
 
 
-def test_delta_zero_reproduces_plain_deepcache():
+def with_epilogues(params, x):
+    """Each conv followed by a per-channel affine map and an activation (fused epilogues)."""
+    y1 = jax.nn.relu(_conv(x, params["w1"]) * 1.5 - 0.1)
+    return (jnp.tanh(_conv(y1, params["w2"]) + 0.2),)
+
+
+@pytest.mark.parametrize("model", [two_layers, with_epilogues])
+def test_delta_zero_reproduces_plain_deepcache(model):
     frames = _photo_stream(6, 0.0, 0.0).copy()
     frames[3:, 5:12, 8:20] = 1.0 - frames[3:, 5:12, 8:20]  # an object appears
-    plain = _transform(None)
-    zero = _transform(RefineConfig(delta=0.0, layers="all"))
+    plain = _transform(None, model=model)
+    zero = _transform(RefineConfig(delta=0.0, layers="all"), model=model)
+    assert any(zero.epilogues) == (model is with_epilogues)
     sp, sz = plain.init(), zero.init()
     for f in frames:
         op, sp, ip = plain.step(sp, f)

@@ -105,3 +105,58 @@ def test_conv_on_parameters_only_is_not_a_layer():
 )
 def test_reshape_groups(src, dst, groups):
     assert _reshape_groups(src, dst) == groups
+
+
+def _conv(x, w):
+    return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=DN)
+
+
+EPI_PARAMS = {
+    "w": jnp.ones((3, 3, 3, 4)),
+    "mean": jnp.ones((4,)),
+    "scale": jnp.ones((4,)),
+    "pos": jnp.ones((1, 24, 20, 4)),
+}
+
+
+def _chains(fn):
+    an = _out_sigs(fn, EPI_PARAMS)
+    eqns = an.jaxpr.jaxpr.eqns
+    out = {}
+    for i, info in enumerate(an.eqns):
+        if info.layer is not None:
+            out[info.layer] = [eqns[j].primitive.name for j in info.epilogue]
+            assert all(an.eqns[j].fused_into == i for j in info.epilogue)
+    return out
+
+
+@pytest.mark.parametrize(
+    "fn, chain",
+    [
+        # inference batch norm and ReLU: the whole chain
+        (
+            lambda p, x: jax.nn.relu((_conv(x, p["w"]) - p["mean"]) * p["scale"] + 1.0),
+            {0: ["sub", "mul", "add", "custom_jvp_call"]},
+        ),
+        # SiLU (a jit of x * logistic(x)) and a minimum
+        (lambda p, x: jnp.minimum(jax.nn.silu(_conv(x, p["w"])), 1.0), {0: ["jit", "min"]}),
+        # a conv output that is also a model output has nothing to fuse
+        (lambda p, x: (_conv(x, p["w"]), jax.nn.relu(_conv(x, p["w"]))), {0: [], 1: ["custom_jvp_call"]}),
+        # a residual branch of the output's shape is a pixel operand; its own layer,
+        # whose only use the first chain claimed, keeps no epilogue
+        (
+            lambda p, x: jax.nn.relu(_conv(x, p["w"]) * p["scale"] + _conv(x, p["w"])),
+            {0: ["mul", "add", "custom_jvp_call"], 1: []},
+        ),
+        # a frame-dependent operand of another shape stops the chain
+        (lambda p, x: jax.nn.relu(_conv(x, p["w"]) * p["scale"] + x[..., :1]), {0: ["mul"]}),
+        # a position-dependent operand is not per-channel
+        (lambda p, x: jnp.tanh(_conv(x, p["w"]) + p["pos"]), {0: []}),
+        # leaky ReLU reads its input twice (compare and select): stops there
+        (lambda p, x: jax.nn.leaky_relu(_conv(x, p["w"]) + p["mean"]), {0: ["add"]}),
+        # a dtype change stops the chain
+        (lambda p, x: (_conv(x, p["w"]) * 2.0).astype(jnp.bfloat16) + 1, {0: ["mul"]}),
+    ],
+)
+def test_layer_epilogues(fn, chain):
+    assert _chains(fn) == chain
