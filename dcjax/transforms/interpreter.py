@@ -176,9 +176,7 @@ def evaluate(
         The outputs and their masks.
     """
     env = Env.of(analysis, args, masks)
-    run_eqns(
-        env, 0, len(analysis.eqns), ctx, reuse, on_unsupported, record, _path, refine, fuse
-    )
+    run_eqns(env, 0, len(analysis.eqns), ctx, reuse, on_unsupported, record, _path, refine, fuse)
     return env.outputs()
 
 

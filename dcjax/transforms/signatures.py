@@ -802,6 +802,14 @@ def _elementwise_body(closed: jcore.ClosedJaxpr, shape: tuple[int, ...]) -> bool
     return jaxpr.outvars[0] in known
 
 
+def _epilogue_operand(u, u_sig, dynamic: bool, sig, shape, dtype) -> bool:
+    """A pixel operand (frame-dependent, the output's signature, shape and dtype)
+    or a per-channel one."""
+    if dynamic:
+        return u_sig == sig and (tuple(u.aval.shape), u.aval.dtype) == (shape, dtype)
+    return _per_channel(u, shape, dtype)
+
+
 def _find_epilogues(jaxpr: jcore.Jaxpr, infos: list[EqnInfo], read_dyn) -> None:
     """Mark each layer's epilogue: the chain of equations it may fuse.
 
@@ -839,11 +847,6 @@ def _find_epilogues(jaxpr: jcore.Jaxpr, infos: list[EqnInfo], read_dyn) -> None:
             e = jaxpr.eqns[j]
             out = e.outvars[0]
 
-            def operand_ok(u, s):
-                if read_dyn(u):  # a pixel operand
-                    return s == sig and (tuple(u.aval.shape), u.aval.dtype) == (shape, dtype)
-                return _per_channel(u, shape, dtype)
-
             ok = infos[j].fused_into is None and (
                 elementwise_call(e) is not None
                 or (
@@ -853,7 +856,8 @@ def _find_epilogues(jaxpr: jcore.Jaxpr, infos: list[EqnInfo], read_dyn) -> None:
                     and out.aval.dtype == dtype
                     and sum(u is v for u in e.invars) == 1
                     and all(
-                        u is v or operand_ok(u, s) for u, s in zip(e.invars, infos[j].in_sigs)
+                        u is v or _epilogue_operand(u, s, read_dyn(u), sig, shape, dtype)
+                        for u, s in zip(e.invars, infos[j].in_sigs)
                     )
                 )
             )

@@ -141,7 +141,10 @@ def _chains(fn):
         # SiLU (a jit of x * logistic(x)) and a minimum
         (lambda p, x: jnp.minimum(jax.nn.silu(_conv(x, p["w"])), 1.0), {0: ["jit", "min"]}),
         # a conv output that is also a model output has nothing to fuse
-        (lambda p, x: (_conv(x, p["w"]), jax.nn.relu(_conv(x, p["w"]))), {0: [], 1: ["custom_jvp_call"]}),
+        (
+            lambda p, x: (_conv(x, p["w"]), jax.nn.relu(_conv(x, p["w"]))),
+            {0: [], 1: ["custom_jvp_call"]},
+        ),
         # a residual branch of the output's shape is a pixel operand; its own layer,
         # whose only use the first chain claimed, keeps no epilogue
         (
