@@ -483,7 +483,8 @@ def test_epilogues_are_cached_with_their_layers():
         @nn.compact
         def __call__(self, x):
             y = nn.relu(nn.BatchNorm(use_running_average=True)(nn.Conv(4, (3, 3))(x)))
-            return nn.Conv(3, (3, 3))(y)
+            z = nn.leaky_relu(nn.Conv(4, (3, 3))(y) + y)  # a residual, a two-read activation
+            return nn.Conv(3, (3, 3))(z)
 
     module = ConvBNReLU()
     variables = module.init(jax.random.key(0), jnp.zeros((1, SIZE, SIZE, 3)))
@@ -500,7 +501,8 @@ def test_epilogues_are_cached_with_their_layers():
 
     fused, plain = make(True), make(False)
     assert fused.epilogues[0][-1] == "custom_jvp_call" and "mul" in fused.epilogues[0]
-    assert fused.epilogues[1] == ("add",) and plain.epilogues == ((), ())  # the bias
+    assert fused.epilogues[1:] == (("add", "add", "jit"), ("add",))  # biases, residual
+    assert plain.epilogues == ((), (), ())
     frames = [_photo(SIZE, 3)] * 2
     moved = frames[-1].copy()
     moved[10:18, 4:14] = 1.0 - moved[10:18, 4:14]  # an object appears

@@ -262,28 +262,24 @@ def _fused(analysis: Analysis, index: int, fuse: Callable[[int], bool] | None) -
 
 
 def _epilogue(
-    env: Env, layer_eqn: jcore.JaxprEqn, chain: Sequence[int]
+    env: Env, layer_eqn: jcore.JaxprEqn, region: Sequence[int]
 ) -> tuple[Epilogue, list[regions.Mask]]:
-    """The chain of equations ``chain`` as an `Epilogue`, and its pixel operands' masks.
+    """The equations ``region`` as an `Epilogue`, and its pixel operands' masks.
 
-    Operands with a spatial signature are pixel operands (a residual branch);
-    the others are per-channel, passed as ``(C,)`` vectors or scalars.
+    Operands with a spatial signature that are not values of the epilogue are
+    pixel operands (a residual branch); the others are per-channel, passed as
+    ``(C,)`` vectors or scalars.
     """
     analysis = env.analysis
     eqns = analysis.jaxpr.jaxpr.eqns
-    v = layer_eqn.outvars[0]
+    inside = {layer_eqn.outvars[0]}
     steps, channel, pixel, pixel_masks = [], [], [], []
-    for j in chain:
+    for j in region:
         e = eqns[j]
-        sub = elementwise_call(e)
-        if sub is not None:
-            steps.append((sub, None, ()))
-            v = e.outvars[0]
-            continue
         slots = []
         for u, sig in zip(e.invars, analysis.eqns[j].in_sigs):
-            if u is v:
-                slots.append(None)
+            if not isinstance(u, jcore.Literal) and u in inside:
+                slots.append(("in", u))
                 continue
             val, mask = env.read(u)
             if sig is not None:
@@ -294,37 +290,40 @@ def _epilogue(
                 val = jnp.asarray(val)
                 channel.append(val.reshape(-1) if val.size > 1 else val.reshape(()))
                 slots.append(("channel", len(channel) - 1))
-        steps.append((e.primitive, e.params, tuple(slots)))
-        v = e.outvars[0]
+        steps.append((e, elementwise_call(e), tuple(slots)))
+        inside.add(e.outvars[0])
     n_channel = len(channel)
+    first, last = layer_eqn.outvars[0], eqns[region[-1]].outvars[0]
 
     def fn(y, *ops):
-        for prim, params, slots in steps:
-            if params is None:  # an elementwise call: its body, on y's shape
-                y = _eval_elementwise(prim, y)
-                continue
-            args = [
-                y
-                if slot is None
-                else ops[n_channel + slot[1]]
-                if slot[0] == "pixel"
-                else jnp.broadcast_to(ops[slot[1]], y.shape)
-                for slot in slots
-            ]
-            y = prim.bind(*args, **params)
-        return y
+        vals = {first: y}
+
+        def arg(slot):
+            kind, k = slot
+            if kind == "in":
+                return vals[k]
+            if kind == "pixel":
+                return ops[n_channel + k]
+            return jnp.broadcast_to(ops[k], y.shape)
+
+        for e, sub, slots in steps:
+            args = [arg(slot) for slot in slots]
+            # an elementwise call runs its body on y's shape
+            out = _eval_elementwise(sub, args[0]) if sub is not None else _bind(e, args)[0]
+            vals[e.outvars[0]] = out
+        return vals[last]
 
     return Epilogue(fn, tuple(channel), tuple(pixel)), pixel_masks
 
 
-def _eval_elementwise(closed: jcore.ClosedJaxpr, y: jax.Array) -> jax.Array:
-    """Run an `elementwise_call` body on ``y`` of any shape (calls inlined)."""
+def _eval_elementwise(closed: jcore.ClosedJaxpr, *args: jax.Array) -> jax.Array:
+    """Run an `elementwise_call` body on ``args`` of any shape (calls inlined)."""
     jaxpr = closed.jaxpr
-    vals = {jaxpr.invars[0]: y}
+    vals = dict(zip(jaxpr.invars, args))
     for e in jaxpr.eqns:
-        args = [u.val if isinstance(u, jcore.Literal) else vals[u] for u in e.invars]
+        ins = [u.val if isinstance(u, jcore.Literal) else vals[u] for u in e.invars]
         sub = sub_jaxpr(e)
-        outs = [_eval_elementwise(sub, args[0])] if sub is not None else _bind(e, args)
+        outs = [_eval_elementwise(sub, *ins)] if sub is not None else _bind(e, ins)
         vals.update(zip(e.outvars, outs))
     return vals[jaxpr.outvars[0]]
 

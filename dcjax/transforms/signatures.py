@@ -737,22 +737,22 @@ def analyze(
 #: Primitives an epilogue may hold (`_find_epilogues`): elementwise, one output.
 EPILOGUE_PRIMITIVES = frozenset(
     [
-        P.add_p, P.sub_p, P.mul_p, P.div_p, P.max_p, P.min_p, P.neg_p, P.abs_p,
-        P.integer_pow_p, P.square_p, P.sqrt_p, P.rsqrt_p, P.exp_p, P.logistic_p, P.tanh_p,
-        P.erf_p, P.clamp_p,
+        P.add_p, P.sub_p, P.mul_p, P.div_p, P.max_p, P.min_p, P.neg_p, P.abs_p, P.sign_p,
+        P.integer_pow_p, P.pow_p, P.square_p, P.sqrt_p, P.rsqrt_p, P.exp_p, P.exp2_p,
+        P.expm1_p, P.log_p, P.log1p_p, P.logistic_p, P.tanh_p, P.erf_p, P.clamp_p,
+        P.eq_p, P.ne_p, P.ge_p, P.gt_p, P.le_p, P.lt_p, P.select_n_p, P.and_p, P.or_p,
+        P.not_p, P.convert_element_type_p,
     ]
 )  # fmt: skip
 
 _NHWC_OUT = (0, 3, 1, 2)
 
 
-def _per_channel(v, shape: tuple[int, ...], dtype) -> bool:
+def _per_channel(v, shape: tuple[int, ...]) -> bool:
     """A literal scalar, or a variable broadcast along every axis but the last."""
     if isinstance(v, jcore.Literal):
         return np.ndim(v.val) == 0
     s = tuple(v.aval.shape)
-    if v.aval.dtype != dtype:
-        return False
     return s == () or (
         len(s) == len(shape) and all(d == 1 for d in s[:-1]) and s[-1] in (1, shape[-1])
     )
@@ -764,8 +764,9 @@ def elementwise_call(eqn) -> jcore.ClosedJaxpr | None:
     Such a call (``jax.nn.relu`` is a ``custom_jvp_call`` of ``max(x, 0)``,
     ``jax.nn.silu`` a ``jit`` of ``x * logistic(x)``) has one input and one
     output of the same shape and dtype, and every equation inside is
-    elementwise (or such a call again) on that input, its own results and
-    scalar literals; it may read its input more than once.
+    elementwise on that input, its own results and scalar literals, or a call
+    of such equations (``jax.nn.leaky_relu`` calls ``where``); it may read its
+    input more than once.
     """
     sub = sub_jaxpr(eqn)
     if sub is None or len(eqn.invars) != 1 or len(eqn.outvars) != 1:
@@ -780,10 +781,13 @@ def elementwise_call(eqn) -> jcore.ClosedJaxpr | None:
 
 
 def _elementwise_body(closed: jcore.ClosedJaxpr, shape: tuple[int, ...]) -> bool:
+    """Every equation elementwise on the inputs (all of ``shape``), or a call of such."""
     jaxpr = closed.jaxpr
-    if len(jaxpr.invars) != 1 or len(jaxpr.outvars) != 1 or jaxpr.constvars:
+    if len(jaxpr.outvars) != 1 or jaxpr.constvars:
         return False
-    known = {jaxpr.invars[0]}
+    if any(tuple(u.aval.shape) != shape for u in jaxpr.invars):
+        return False
+    known = set(jaxpr.invars)
     for e in jaxpr.eqns:
         for u in e.invars:
             if isinstance(u, jcore.Literal):
@@ -791,8 +795,9 @@ def _elementwise_body(closed: jcore.ClosedJaxpr, shape: tuple[int, ...]) -> bool
                     return False
             elif u not in known:
                 return False
-        if sub_jaxpr(e) is not None:
-            if elementwise_call(e) is None:
+        sub = sub_jaxpr(e)
+        if sub is not None:
+            if len(e.outvars) != 1 or not _elementwise_body(sub, shape):
                 return False
         elif e.primitive not in _ELEMENTWISE_SET:
             return False
@@ -802,72 +807,90 @@ def _elementwise_body(closed: jcore.ClosedJaxpr, shape: tuple[int, ...]) -> bool
     return jaxpr.outvars[0] in known
 
 
-def _epilogue_operand(u, u_sig, dynamic: bool, sig, shape, dtype) -> bool:
-    """A pixel operand (frame-dependent, the output's signature, shape and dtype)
-    or a per-channel one."""
-    if dynamic:
-        return u_sig == sig and (tuple(u.aval.shape), u.aval.dtype) == (shape, dtype)
-    return _per_channel(u, shape, dtype)
+def _epilogue_eqn_ok(e, info: EqnInfo, inside: set, read_dyn, sig, shape) -> bool:
+    """Whether equation ``e`` can join an epilogue whose values so far are ``inside``.
+
+    Its operands are values of the epilogue, scalars or per-channel values that
+    do not depend on the frame, or *pixel operands*: frame-dependent values
+    with the layer output's spatial signature and shape (a residual branch).
+    Its outputs have the layer output's shape.
+    """
+    if info.fused_into is not None or len(e.outvars) != 1:
+        return False
+    if tuple(e.outvars[0].aval.shape) != shape:
+        return False
+    if elementwise_call(e) is not None:
+        return e.invars[0] in inside
+    if e.primitive not in EPILOGUE_PRIMITIVES:
+        return False
+    for u, s in zip(e.invars, info.in_sigs):
+        if not isinstance(u, jcore.Literal) and u in inside:
+            continue
+        if isinstance(u, jcore.Literal) or not read_dyn(u):
+            if not _per_channel(u, shape):
+                return False
+        elif s != sig or tuple(u.aval.shape) != shape:
+            return False
+    return True
 
 
 def _find_epilogues(jaxpr: jcore.Jaxpr, infos: list[EqnInfo], read_dyn) -> None:
-    """Mark each layer's epilogue: the chain of equations it may fuse.
+    """Mark each layer's epilogue: the elementwise equations it may fuse.
 
-    A layer's output, if its only use is an `EPILOGUE_PRIMITIVES` equation whose
-    other operands are per-channel (scalars or ``(1, ..., 1, C)``, not
-    depending on the frame) or *pixel operands* (frame-dependent values with
-    the output's shape, dtype and spatial signature: a residual branch), or a
-    call that maps it elementwise (`elementwise_call`: ``jax.nn.relu``),
-    continues into that equation, and so on while each value has a single use,
-    shape and dtype stay and the channel axis is last (an NHWC convolution). A
-    batch norm in inference mode, a bias, a residual add and an activation
-    form such a chain. Layers claim equations in order: an equation is in at
-    most one chain. The layer's `EqnInfo.epilogue` lists the chain's equations
-    and each of them gets `EqnInfo.fused_into`.
+    An epilogue is grown from the layer's output, one consumer at a time (the
+    earliest equation reading one of its values), while that consumer is
+    elementwise (`EPILOGUE_PRIMITIVES`, or a call that maps one array
+    elementwise such as ``jax.nn.relu``: `elementwise_call`) with the
+    operands `_epilogue_eqn_ok` allows; the channel axis must be last (an NHWC
+    convolution). It is kept at the longest point where exactly one of its
+    values is used outside it, with the layer output's shape and dtype: a bias,
+    a batch norm in inference mode, a residual add and an activation (leaky
+    ReLU and SiLU read their input twice) form one. Layers claim equations in
+    order, so an equation is in at most one epilogue. The layer's
+    `EqnInfo.epilogue` lists the equations (the last one gives the value) and
+    each of them gets `EqnInfo.fused_into`.
     """
-    uses: dict = {}
-    consumer: dict = {}
+    outside: dict = {}  # uses of each variable: equations reading it, and outputs
+    readers: dict = {}
     for j, e in enumerate(jaxpr.eqns):
-        for v in e.invars:
-            if not isinstance(v, jcore.Literal):
-                uses[v] = uses.get(v, 0) + 1
-                consumer[v] = j
-    for v in jaxpr.outvars:
-        if not isinstance(v, jcore.Literal):
-            uses[v] = uses.get(v, 0) + 1
+        for u in e.invars:
+            if not isinstance(u, jcore.Literal):
+                outside[u] = outside.get(u, 0) + 1
+                readers.setdefault(u, []).append(j)
+    for u in jaxpr.outvars:
+        if not isinstance(u, jcore.Literal):
+            outside[u] = outside.get(u, 0) + 1
     for i, info in enumerate(infos):
         eqn = jaxpr.eqns[i]
         if info.layer is None or tuple(eqn.params["dimension_numbers"].out_spec) != _NHWC_OUT:
             continue
-        v = eqn.outvars[0]
-        shape, dtype, sig = tuple(v.aval.shape), v.aval.dtype, info.out_sigs[0]
-        chain = []
-        while uses.get(v) == 1 and v in consumer:
-            j = consumer[v]
-            e = jaxpr.eqns[j]
-            out = e.outvars[0]
-
-            ok = infos[j].fused_into is None and (
-                elementwise_call(e) is not None
-                or (
-                    e.primitive in EPILOGUE_PRIMITIVES
-                    and len(e.outvars) == 1
-                    and tuple(out.aval.shape) == shape
-                    and out.aval.dtype == dtype
-                    and sum(u is v for u in e.invars) == 1
-                    and all(
-                        u is v or _epilogue_operand(u, s, read_dyn(u), sig, shape, dtype)
-                        for u, s in zip(e.invars, infos[j].in_sigs)
-                    )
-                )
-            )
-            if not ok:
+        v0 = eqn.outvars[0]
+        shape, dtype, sig = tuple(v0.aval.shape), v0.aval.dtype, info.out_sigs[0]
+        inside, left = {v0}, {v0: outside.get(v0, 0)}  # uses not yet in the epilogue
+        region: list[int] = []
+        best: list[int] = []
+        while True:
+            pending = [j for u, n in left.items() if n for j in readers.get(u, []) if j > i]
+            pending = [j for j in pending if j not in region]
+            if not pending:
                 break
-            chain.append(j)
-            v = out
-        if chain:
-            info.epilogue = tuple(chain)
-            for j in chain:
+            j = min(pending)
+            e = jaxpr.eqns[j]
+            if not _epilogue_eqn_ok(e, infos[j], inside, read_dyn, sig, shape):
+                break
+            region.append(j)
+            for u in e.invars:
+                if not isinstance(u, jcore.Literal) and u in inside:
+                    left[u] -= 1
+            out = e.outvars[0]
+            inside.add(out)
+            left[out] = outside.get(out, 0)
+            live = [u for u, n in left.items() if n]
+            if live == [out] and out.aval.dtype == dtype:
+                best = list(region)
+        if best:
+            info.epilogue = tuple(best)
+            for j in best:
                 infos[j].fused_into = i
 
 

@@ -155,8 +155,17 @@ def _chains(fn):
         (lambda p, x: jax.nn.relu(_conv(x, p["w"]) * p["scale"] + x[..., :1]), {0: ["mul"]}),
         # a position-dependent operand is not per-channel
         (lambda p, x: jnp.tanh(_conv(x, p["w"]) + p["pos"]), {0: []}),
-        # leaky ReLU reads its input twice (compare and select): stops there
-        (lambda p, x: jax.nn.leaky_relu(_conv(x, p["w"]) + p["mean"]), {0: ["add"]}),
+        # leaky ReLU reads its input twice: a jit of compare and select, or inline
+        (lambda p, x: jax.nn.leaky_relu(_conv(x, p["w"]) + p["mean"]), {0: ["add", "jit"]}),
+        (
+            lambda p, x: (lambda y: jnp.maximum(y, 0.1 * y))(_conv(x, p["w"]) + p["mean"]),
+            {0: ["add", "mul", "max"]},
+        ),
+        # an intermediate value used after the epilogue ends cuts it before
+        (
+            lambda p, x: (lambda y: (jax.nn.relu(y) * 2.0, y))(_conv(x, p["w"]) * p["scale"]),
+            {0: ["mul"]},
+        ),
         # a dtype change stops the chain
         (lambda p, x: (_conv(x, p["w"]) * 2.0).astype(jnp.bfloat16) + 1, {0: ["mul"]}),
     ],
