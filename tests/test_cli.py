@@ -35,6 +35,8 @@ TINY = ["--model", "dave", "--width", "0.25", "--frames", "3", "--no-progress"]
         (["bench", "--deltas", "-0.1"], "--deltas"),
         (["bench", "--deltas", "nan"], "--deltas"),
         (["bench", "--pretrained", "maybe"], "--pretrained"),
+        (["bench", "--cpus", "0"], "--cpus"),
+        (["bench", "--cpus", str(10**6)], "--cpus"),
         (["demo", "--width", "0"], "--width"),
         (["demo", "--video", "nowhere.avi"], "--video"),
     ],
@@ -105,3 +107,23 @@ def test_bench_writes_json_and_report(tmp_path, capsys):
     assert [r["method"] for r in records] == ["nocache", "deepcache", "frame"]
     assert html.exists() and "latency_by_method.png" in html.read_text()
     assert "wrote" in capsys.readouterr().out
+    assert all(r["cpus"] == len(os.sched_getaffinity(0)) for r in records)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
+def test_bench_on_one_core(tmp_path):
+    """``--cpus 1`` pins the process (a subprocess: pinning this one would slow the tests)."""
+    js = tmp_path / "b.json"
+    code = (
+        "import os, sys; from dcjax import cli; rc = cli.main(sys.argv[1:]); "
+        "print('allowed', len(os.sched_getaffinity(0))); sys.exit(rc)"
+    )
+    argv = ["bench", "--cpus", "1", "--models", "dave", "--videos", "vtest",
+            "--methods", "nocache", "--frames", "3", "--width", "0.25", "--no-progress",
+            "--json", str(js)]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "allowed 1" in proc.stdout
+    assert [r["cpus"] for r in json.loads(js.read_text())] == [1]
