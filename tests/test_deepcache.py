@@ -525,3 +525,45 @@ def _bn(variables, y):
     bn = variables["batch_stats"]["BatchNorm_0"]
     p = variables["params"]["BatchNorm_0"]
     return (y - bn["mean"]) / jnp.sqrt(bn["var"] + 1e-5) * p["scale"] + p["bias"]
+
+
+def test_epilogues_inside_calls_and_around_transposed_convs():
+    """Layers inside jit calls are fused there; a transposed conv keeps its chain."""
+    dn = ("NHWC", "HWIO", "NHWC")
+
+    @jax.jit
+    def block(w, b, x):
+        return jax.nn.relu(
+            jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn) + b
+        )
+
+    def model(p, x):
+        y = block(p["w2"], p["b"], block(p["w1"], p["b"], x))
+        up = jax.lax.conv_transpose(y, p["w3"], (2, 2), "SAME", dimension_numbers=dn)
+        return jax.nn.relu(up + 0.1)
+
+    keys = jax.random.split(jax.random.key(3), 4)
+    params = {
+        "w1": jax.random.normal(keys[0], (3, 3, 3, 4)) * 0.5,
+        "w2": jax.random.normal(keys[1], (3, 3, 4, 4)) * 0.5,
+        "w3": jax.random.normal(keys[2], (3, 3, 4, 2)) * 0.5,
+        "b": jax.random.normal(keys[3], (4,)) * 0.1,
+    }
+
+    def make(fuse):
+        cfg = deepcache.Config(kernel="xla", fuse_epilogues=fuse, psnr_threshold=25.0)
+        return deepcache.transform(model, params, frame_shape=(SIZE, SIZE, 3), config=cfg)
+
+    fused, plain = make(True), make(False)
+    assert fused.epilogues == (("add", "custom_jvp_call"),) * 2 + ((),)
+    ref = jax.jit(lambda f: model(params, f[None]))
+    moved = _photo(SIZE, 5).copy()
+    moved[4:12, 20:30] = 0.0
+    sf, sp = fused.init(), plain.init()
+    for f in [_photo(SIZE, 5), _photo(SIZE, 5), moved]:
+        of, sf, _ = fused.step(sf, f)
+        op, sp, _ = plain.step(sp, f)
+        _close(of, ref(f))
+        _close(of, op)
+    # the fused caches hold ReLU outputs, the plain ones the convolutions'
+    assert float(np.asarray(sf.caches[0]).min()) >= 0.0 > float(np.asarray(sp.caches[0]).min())

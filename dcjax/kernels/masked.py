@@ -34,7 +34,15 @@ from dcjax.kernels.reference import conv, reference_masked_conv
 from dcjax.kernels.rows import rows_masked_conv
 from dcjax.kernels.xla import dense_conv, xla_masked_conv
 
-__all__ = ["IMPLS", "Epilogue", "dense_conv_eqn", "masked_conv", "masked_conv_eqn", "reads_cache"]
+__all__ = [
+    "IMPLS",
+    "Epilogue",
+    "dense_conv_eqn",
+    "masked_conv",
+    "masked_conv_eqn",
+    "plain_conv",
+    "reads_cache",
+]
 
 #: Accepted values of ``impl``.
 IMPLS = ("auto", "reference", "dense", "xla", "rows", "pallas", "pallas_gpu", "pallas_tpu")
@@ -187,6 +195,14 @@ def _plain(params) -> bool:
     )
 
 
+def plain_conv(params) -> bool:
+    """Whether a ``conv_general_dilated`` with these params goes through `masked_conv`:
+    NHWC/HWIO, no input dilation or batch groups, default precision."""
+    return (
+        _plain(params) and params["precision"] is None and params["preferred_element_type"] is None
+    )
+
+
 def dense_conv_eqn(eqn, invals) -> jax.Array:
     """A ``conv_general_dilated`` equation computed in full, as the dense path does.
 
@@ -226,7 +242,7 @@ def masked_conv_eqn(
     """
     p = eqn.params
     x, w = invals
-    plain = _plain(p) and p["precision"] is None and p["preferred_element_type"] is None
+    plain = plain_conv(p)
     if impl != "reference" and plain:
         return masked_conv(
             x, w, jnp.broadcast_to(mask, (x.shape[0], *mask.shape)), cached,
@@ -256,7 +272,7 @@ def reads_cache(eqn, impl: str) -> bool:
     computes it, and the transform keeps no state for it.
     """
     p = eqn.params
-    if not (_plain(p) and p["precision"] is None and p["preferred_element_type"] is None):
+    if not plain_conv(p):
         return True
     if impl == "dense":
         return False

@@ -214,7 +214,7 @@ def run_eqns(
         elif info.sub is not None:
             outs, omasks = evaluate(
                 info.sub, invals, inmasks, ctx, reuse, on_unsupported, record, _path + (i,),
-                refine,
+                refine, fuse,
             )  # fmt: skip
         else:
             if refine is not None and info.layer is not None:
@@ -309,7 +309,7 @@ def _epilogue(
         for e, sub, slots in steps:
             args = [arg(slot) for slot in slots]
             # an elementwise call runs its body on y's shape
-            out = _eval_elementwise(sub, args[0]) if sub is not None else _bind(e, args)[0]
+            out = _eval_elementwise(sub, *args) if sub is not None else _bind(e, args)[0]
             vals[e.outvars[0]] = out
         return vals[last]
 

@@ -30,6 +30,8 @@ from jax import lax
 from jax.extend import core as jcore
 from jax.extend.core import primitives as P
 
+from dcjax.kernels.masked import plain_conv
+
 
 @dataclasses.dataclass(frozen=True)
 class Spatial:
@@ -741,51 +743,52 @@ EPILOGUE_PRIMITIVES = frozenset(
         P.integer_pow_p, P.pow_p, P.square_p, P.sqrt_p, P.rsqrt_p, P.exp_p, P.exp2_p,
         P.expm1_p, P.log_p, P.log1p_p, P.logistic_p, P.tanh_p, P.erf_p, P.clamp_p,
         P.eq_p, P.ne_p, P.ge_p, P.gt_p, P.le_p, P.lt_p, P.select_n_p, P.and_p, P.or_p,
-        P.not_p, P.convert_element_type_p,
+        P.not_p,
     ]
 )  # fmt: skip
 
-_NHWC_OUT = (0, 3, 1, 2)
+
+def elementwise_call(eqn) -> jcore.ClosedJaxpr | None:
+    """The sub-jaxpr of a call-like equation that is elementwise in its inputs, or None.
+
+    Such a call (``jax.nn.relu`` is a ``custom_jvp_call`` of ``max(x, 0)``;
+    ``jax.nn.silu``, ``jax.nn.leaky_relu``, ``jnp.where`` and ``jnp.clip`` are
+    ``jit`` calls) has one output, and every equation inside is elementwise on
+    the call's inputs, its own results and scalar literals, or a call of such
+    equations. Inputs and intermediate values have the output's shape or
+    broadcast to it (scalars, ``(1, ..., 1, C)``); it may read an input more
+    than once.
+    """
+    sub = sub_jaxpr(eqn)
+    if sub is None or len(eqn.outvars) != 1:
+        return None
+    return sub if _elementwise_body(sub, tuple(eqn.outvars[0].aval.shape)) else None
+
+
+def _broadcasts_to(s: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """A scalar, ``shape`` itself, or a per-channel shape ``(1, ..., 1, C)``."""
+    return s == shape or _channel_shape(s, shape)
+
+
+def _channel_shape(s: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    return s == () or (
+        len(s) == len(shape) and all(d == 1 for d in s[:-1]) and s[-1] in (1, shape[-1])
+    )
 
 
 def _per_channel(v, shape: tuple[int, ...]) -> bool:
     """A literal scalar, or a variable broadcast along every axis but the last."""
     if isinstance(v, jcore.Literal):
         return np.ndim(v.val) == 0
-    s = tuple(v.aval.shape)
-    return s == () or (
-        len(s) == len(shape) and all(d == 1 for d in s[:-1]) and s[-1] in (1, shape[-1])
-    )
-
-
-def elementwise_call(eqn) -> jcore.ClosedJaxpr | None:
-    """The sub-jaxpr of a call-like equation that maps one array elementwise, or None.
-
-    Such a call (``jax.nn.relu`` is a ``custom_jvp_call`` of ``max(x, 0)``,
-    ``jax.nn.silu`` a ``jit`` of ``x * logistic(x)``) has one input and one
-    output of the same shape and dtype, and every equation inside is
-    elementwise on that input, its own results and scalar literals, or a call
-    of such equations (``jax.nn.leaky_relu`` calls ``where``); it may read its
-    input more than once.
-    """
-    sub = sub_jaxpr(eqn)
-    if sub is None or len(eqn.invars) != 1 or len(eqn.outvars) != 1:
-        return None
-    x, out = eqn.invars[0], eqn.outvars[0]
-    if isinstance(x, jcore.Literal) or (out.aval.shape, out.aval.dtype) != (
-        x.aval.shape,
-        x.aval.dtype,
-    ):
-        return None
-    return sub if _elementwise_body(sub, tuple(x.aval.shape)) else None
+    return _channel_shape(tuple(v.aval.shape), shape)
 
 
 def _elementwise_body(closed: jcore.ClosedJaxpr, shape: tuple[int, ...]) -> bool:
-    """Every equation elementwise on the inputs (all of ``shape``), or a call of such."""
+    """Every equation elementwise (or a call of such) on inputs that broadcast to ``shape``."""
     jaxpr = closed.jaxpr
     if len(jaxpr.outvars) != 1 or jaxpr.constvars:
         return False
-    if any(tuple(u.aval.shape) != shape for u in jaxpr.invars):
+    if not all(_broadcasts_to(tuple(u.aval.shape), shape) for u in jaxpr.invars):
         return False
     known = set(jaxpr.invars)
     for e in jaxpr.eqns:
@@ -801,7 +804,7 @@ def _elementwise_body(closed: jcore.ClosedJaxpr, shape: tuple[int, ...]) -> bool
                 return False
         elif e.primitive not in _ELEMENTWISE_SET:
             return False
-        if any(tuple(o.aval.shape) != shape for o in e.outvars):
+        if not all(_broadcasts_to(tuple(o.aval.shape), shape) for o in e.outvars):
             return False
         known.update(e.outvars)
     return jaxpr.outvars[0] in known
@@ -810,18 +813,17 @@ def _elementwise_body(closed: jcore.ClosedJaxpr, shape: tuple[int, ...]) -> bool
 def _epilogue_eqn_ok(e, info: EqnInfo, inside: set, read_dyn, sig, shape) -> bool:
     """Whether equation ``e`` can join an epilogue whose values so far are ``inside``.
 
-    Its operands are values of the epilogue, scalars or per-channel values that
+    ``e`` is an `EPILOGUE_PRIMITIVES` equation or an `elementwise_call`, and
+    its operands are values of the epilogue, scalars or per-channel values that
     do not depend on the frame, or *pixel operands*: frame-dependent values
     with the layer output's spatial signature and shape (a residual branch).
-    Its outputs have the layer output's shape.
+    Its output has the layer output's shape.
     """
     if info.fused_into is not None or len(e.outvars) != 1:
         return False
     if tuple(e.outvars[0].aval.shape) != shape:
         return False
-    if elementwise_call(e) is not None:
-        return e.invars[0] in inside
-    if e.primitive not in EPILOGUE_PRIMITIVES:
+    if e.primitive not in EPILOGUE_PRIMITIVES and elementwise_call(e) is None:
         return False
     for u, s in zip(e.invars, info.in_sigs):
         if not isinstance(u, jcore.Literal) and u in inside:
@@ -839,11 +841,12 @@ def _find_epilogues(jaxpr: jcore.Jaxpr, infos: list[EqnInfo], read_dyn) -> None:
 
     An epilogue is grown from the layer's output, one consumer at a time (the
     earliest equation reading one of its values), while that consumer is
-    elementwise (`EPILOGUE_PRIMITIVES`, or a call that maps one array
-    elementwise such as ``jax.nn.relu``: `elementwise_call`) with the
-    operands `_epilogue_eqn_ok` allows; the channel axis must be last (an NHWC
-    convolution). It is kept at the longest point where exactly one of its
-    values is used outside it, with the layer output's shape and dtype: a bias,
+    elementwise (`EPILOGUE_PRIMITIVES`, or a call of elementwise equations
+    such as ``jax.nn.relu`` or ``jnp.where``: `elementwise_call`) with the
+    operands `_epilogue_eqn_ok` allows; the layer must be a convolution that
+    `dcjax.kernels.masked_conv` computes (`dcjax.kernels.masked.plain_conv`).
+    It is kept at the longest point where exactly one of its values is used
+    outside it, with the layer output's shape and dtype: a bias,
     a batch norm in inference mode, a residual add and an activation (leaky
     ReLU and SiLU read their input twice) form one. Layers claim equations in
     order, so an equation is in at most one epilogue. The layer's
@@ -862,7 +865,7 @@ def _find_epilogues(jaxpr: jcore.Jaxpr, infos: list[EqnInfo], read_dyn) -> None:
             outside[u] = outside.get(u, 0) + 1
     for i, info in enumerate(infos):
         eqn = jaxpr.eqns[i]
-        if info.layer is None or tuple(eqn.params["dimension_numbers"].out_spec) != _NHWC_OUT:
+        if info.layer is None or not plain_conv(eqn.params):
             continue
         v0 = eqn.outvars[0]
         shape, dtype, sig = tuple(v0.aval.shape), v0.aval.dtype, info.out_sigs[0]

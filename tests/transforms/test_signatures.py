@@ -166,6 +166,19 @@ def _chains(fn):
             lambda p, x: (lambda y: (jax.nn.relu(y) * 2.0, y))(_conv(x, p["w"]) * p["scale"]),
             {0: ["mul"]},
         ),
+        # jnp.where and jnp.clip are jit calls with several inputs
+        (
+            lambda p, x: (lambda y: jnp.where(y > 0, y, 0.2 * y))(_conv(x, p["w"])),
+            {0: ["gt", "mul", "jit"]},
+        ),
+        (lambda p, x: jnp.clip(_conv(x, p["w"]) * p["scale"], -1.0, 1.0), {0: ["mul", "jit"]}),
+        # a transposed convolution is not computed by the sparse kernels: no epilogue
+        (
+            lambda p, x: jax.nn.relu(
+                lax.conv_transpose(x, p["w"], (2, 2), "SAME", dimension_numbers=DN)
+            ),
+            {0: []},
+        ),
         # a dtype change stops the chain
         (lambda p, x: (_conv(x, p["w"]) * 2.0).astype(jnp.bfloat16) + 1, {0: ["mul"]}),
     ],
