@@ -479,7 +479,13 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     ]))  # fmt: skip
     print(f"wrote {args.json}")
     if args.report:
+        import jax
+
+        intro = (
+            f"{cpus} CPU core(s) of this machine, JAX {jax.__version__} on "
+            f"{jax.default_backend()}; medians per frame with matching included."
+        )
         report.write_report(args.report, records_out, matcher_rows=matcher_rows,
-                            title="dcjax bench")  # fmt: skip
+                            title="dcjax bench", intro=intro)  # fmt: skip
         print(f"wrote {args.report}")
     return 0

@@ -106,6 +106,7 @@ def test_bench_writes_json_and_report(tmp_path, capsys):
     records = json.loads(js.read_text())
     assert [r["method"] for r in records] == ["nocache", "deepcache", "frame"]
     assert html.exists() and "latency_by_method.png" in html.read_text()
+    assert f"{len(os.sched_getaffinity(0))} CPU core(s)" in html.read_text()
     assert "wrote" in capsys.readouterr().out
     assert all(r["cpus"] == len(os.sched_getaffinity(0)) for r in records)
 

@@ -59,6 +59,12 @@ finds almost every tile dirty. With ``scattered=True`` spatial layers go to
 54.8 and 50.8 ms a frame with ``rows`` on every layer against 59.4 and 57.7
 ms with the tile kernel on spatial layers.
 
+Cores: XLA:CPU spreads a dense convolution over every core, but runs the body
+of a sparse kernel's loop on one (larger chunks did not change that, and two
+independent loops do not run concurrently). The measurements above were taken
+on 2 cores; on one core (``dcjax bench --cpus 1``) ResNet-50's cached step over
+vtest reached its FLOP ideal (1.60x), against 1.35x on two.
+
 GPU and TPU: no accelerator was lent to this task, so nothing was measured;
 they get the portable ``xla`` kernel. Run the bench command on the device (it
 also times ``pallas``) and add rows here.
