@@ -291,13 +291,7 @@ class CachedModel:
         Returns:
             The calibrated `dcjax.semantic.SemanticState`.
         """
-        if self._semantic is None:
-            raise ValueError(
-                "dcjax: calibrate needs semantic exits: transform with "
-                "Config(semantic=SemanticConfig(...))"
-            )
-        images = self._check_frame(images, "images", 4)
-        inputs = jax.jit(jax.vmap(lambda f: self._prepare(f)[None]))(images)
+        inputs = self._semantic_inputs(images, "calibrate")
         return self._semantic.calibrate(self._traced.leaves, inputs, batch_size)
 
     def semantic_features(
@@ -311,15 +305,19 @@ class CachedModel:
         (the vectors `calibrate` averages) and ``(N,)`` the top-1 classes, as
         numpy arrays: the inputs of `dcjax.semantic.exit_ceiling`.
         """
+        inputs = self._semantic_inputs(images, "semantic_features")
+        outs, vecs = self._semantic.features(self._traced.leaves, inputs, batch_size)
+        return outs, vecs, self._semantic.labels(outs)
+
+    def _semantic_inputs(self, images: jax.Array, what: str) -> jax.Array:
+        """``images`` checked and preprocessed as model inputs (N, 1, H, W, C)."""
         if self._semantic is None:
             raise ValueError(
-                "dcjax: semantic_features needs semantic exits: transform with "
+                f"dcjax: {what} needs semantic exits: transform with "
                 "Config(semantic=SemanticConfig(...))"
             )
         images = self._check_frame(images, "images", 4)
-        inputs = jax.jit(jax.vmap(lambda f: self._prepare(f)[None]))(images)
-        outs, vecs = self._semantic.features(self._traced.leaves, inputs, batch_size)
-        return outs, vecs, self._semantic.labels(outs)
+        return jax.jit(jax.vmap(lambda f: self._prepare(f)[None]))(images)
 
     def apply(self, frame: jax.Array) -> Any:
         """The untransformed model on one frame (no cache), for comparison."""

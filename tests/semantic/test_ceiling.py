@@ -11,12 +11,18 @@ def _clusters(rng, labels, dim, spread):
     return centres[labels] + spread * rng.standard_normal((labels.size, dim))
 
 
-def test_separable_classes_exit_everywhere():
-    rng = np.random.default_rng(0)
+def _split(seed, n_ev, spreads):
+    """Labels and 4-d and 6-d cluster vectors: 60 calibration and ``n_ev`` evaluation frames."""
+    rng = np.random.default_rng(seed)
     cal = rng.integers(0, 3, 60)
-    ev = rng.integers(0, 3, 40)
-    vec_cal = [_clusters(rng, cal, 4, 0.1), _clusters(rng, cal, 6, 0.1)]
-    vec_ev = [_clusters(rng, ev, 4, 0.1), _clusters(rng, ev, 6, 0.1)]
+    ev = rng.integers(0, 3, n_ev)
+    vec_cal = [_clusters(rng, cal, d, s) for d, s in zip((4, 6), spreads)]
+    vec_ev = [_clusters(rng, ev, d, s) for d, s in zip((4, 6), spreads)]
+    return cal, ev, vec_cal, vec_ev
+
+
+def test_separable_classes_exit_everywhere():
+    cal, ev, vec_cal, vec_ev = _split(0, 40, (0.1, 0.1))
     res = exit_ceiling(vec_cal, cal, vec_ev, ev, names=["a", "b"], skipped=[0.8, 0.3])
     assert [p["name"] for p in res["points"]] == ["a", "b"]
     for p in res["points"]:
@@ -72,11 +78,7 @@ def test_unknown_classes_and_bad_arguments():
 def test_ac_quantiles_and_the_automatic_tau_sweep():
     from dcjax.semantic.bench import auto_taus
 
-    rng = np.random.default_rng(2)
-    cal = rng.integers(0, 3, 60)
-    ev = rng.integers(0, 3, 50)
-    vec_cal = [_clusters(rng, cal, 4, 2.0), _clusters(rng, cal, 6, 0.5)]
-    vec_ev = [_clusters(rng, ev, 4, 2.0), _clusters(rng, ev, 6, 0.5)]
+    cal, ev, vec_cal, vec_ev = _split(2, 50, (2.0, 0.5))
     res = exit_ceiling(vec_cal, cal, vec_ev, ev)
     for p in res["points"]:
         q10, q50, q90 = p["ac_quantiles"]
