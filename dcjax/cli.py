@@ -467,8 +467,10 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         matchers=matchers or (), progress=not args.no_progress, on_record=keep,
     )  # fmt: skip
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    xla_flags = os.environ.get("XLA_FLAGS", "")
     for record in records_out:
         record["cpus"] = cpus
+        record["xla_flags"] = xla_flags  # XLA:CPU's library choice moves the baseline
     bench.write_json(args.json, records_out)
     if matcher_rows:
         bench.write_json(os.path.splitext(args.json)[0] + ".matchers.json", matcher_rows)
@@ -484,6 +486,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         intro = (
             f"{cpus} CPU core(s) of this machine, JAX {jax.__version__} on "
             f"{jax.default_backend()}; medians per frame with matching included."
+            + (f" XLA_FLAGS={xla_flags}." if xla_flags else "")
         )
         report.write_report(args.report, records_out, matcher_rows=matcher_rows,
                             title="dcjax bench", intro=intro)  # fmt: skip

@@ -109,6 +109,7 @@ def test_bench_writes_json_and_report(tmp_path, capsys):
     assert f"{len(os.sched_getaffinity(0))} CPU core(s)" in html.read_text()
     assert "wrote" in capsys.readouterr().out
     assert all(r["cpus"] == len(os.sched_getaffinity(0)) for r in records)
+    assert all(r["xla_flags"] == os.environ.get("XLA_FLAGS", "") for r in records)
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
@@ -122,9 +123,12 @@ def test_bench_on_one_core(tmp_path):
     argv = ["bench", "--cpus", "1", "--models", "dave", "--videos", "vtest",
             "--methods", "nocache", "--frames", "3", "--width", "0.25", "--no-progress",
             "--json", str(js)]  # fmt: skip
+    flags = "--xla_cpu_experimental_ynn_fusion_type="  # the README's Eigen baseline
     proc = subprocess.run(
-        [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300
-    )
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "XLA_FLAGS": flags},
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "allowed 1" in proc.stdout
-    assert [r["cpus"] for r in json.loads(js.read_text())] == [1]
+    records = json.loads(js.read_text())
+    assert [(r["cpus"], r["xla_flags"]) for r in records] == [(1, flags)]
