@@ -481,9 +481,15 @@ class CachedModel:
         iy = jnp.arange(h)[:, None] + motion[0]
         ix = jnp.arange(w)[None, :] + motion[1]
         inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
-        r0 = m.mask & inside & ~refresh
         if cfg.psnr_threshold == float("inf"):
-            r0 = jnp.zeros_like(r0)  # never reuse, whatever the matcher says
+            r0 = jnp.zeros((h, w), bool)  # never reuse, whatever the matcher says
+        else:
+            # A conditional materialises the mask: otherwise XLA fuses its whole
+            # derivation (block PSNRs, expansion to pixels, the frame border)
+            # into every consumer of every layer's mask, once per pixel.
+            r0 = lax.cond(
+                refresh, lambda: jnp.zeros((h, w), bool), lambda: m.mask & inside
+            )
 
         ctx = FrameContext(motion, cfg.alignment)
         caches = list(state.caches)

@@ -179,8 +179,10 @@ def sweep(records: Sequence[Record], key: str, method: str = "deepcache") -> Fig
     return fig
 
 
-#: The methods `pareto` draws, in legend order.
-PARETO_METHODS = ("deepcache", "delta", "deepcache+refine")
+#: The methods `pareto` draws, in legend order: DeepCache's variants, and the
+#: approximate baselines (``mil`` trades accuracy for speed through its
+#: threshold, so it is compared at equal accuracy here, not at one setting).
+PARETO_METHODS = ("deepcache", "delta", "deepcache+refine", "mil", "deepmon")
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -235,9 +237,9 @@ def pareto(records: Sequence[Record], methods: Sequence[str] = PARETO_METHODS) -
                 color=line.get_color(), label=m,
             )  # fmt: skip
             for (x, y), r in zip(pts, rs, strict=True):
-                delta = (r["config"].get("refine") or {}).get("delta")
-                if delta is not None:
-                    ax.annotate(f"{delta:g}", (x, y), fontsize=6, xytext=(2, 2),
+                label = _pareto_label(r)
+                if label:
+                    ax.annotate(label, (x, y), fontsize=6, xytext=(2, 2),
                                 textcoords="offset points")  # fmt: skip
         ax.axvline(1.0, color="0.6", lw=0.8, ls=":")
         ax.set_xlabel("speedup over no cache (median latency)")
@@ -248,9 +250,22 @@ def pareto(records: Sequence[Record], methods: Sequence[str] = PARETO_METHODS) -
             ax.set_yscale("log")
         ax.set_title(f"{g[0]} / {_video_name(g[1])}", fontsize=9)
         ax.legend(fontsize=7)
-    fig.suptitle("speed against accuracy; point labels: refinement delta", fontsize=10)
+    fig.suptitle(
+        "speed against accuracy; point labels: refinement delta, mil's PSNR threshold",
+        fontsize=10,
+    )
     fig.tight_layout()
     return fig
+
+
+def _pareto_label(record: Record) -> str:
+    """A point's label: refinement's ``delta``, or ``mil``'s threshold in dB."""
+    delta = (record["config"].get("refine") or {}).get("delta")
+    if delta is not None:
+        return f"{delta:g}"
+    if record["method"] == "mil" and "psnr_threshold" in record["config"]:
+        return f"{float(record['config']['psnr_threshold']):g} dB"
+    return ""
 
 
 def matchers(rows: Sequence[Mapping[str, Any]]) -> Figure | None:

@@ -65,6 +65,19 @@ independent loops do not run concurrently). The measurements above were taken
 on 2 cores; on one core (``dcjax bench --cpus 1``) ResNet-50's cached step over
 vtest reached its FLOP ideal (1.60x), against 1.35x on two.
 
+XLA:CPU's convolution library: jaxlib 0.10.2 runs convolutions and dots
+through YNNPACK by default; with ``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=``
+they go to Eigen, which on the development CPU runs ResNet-50's dense
+convolutions about twice as fast (1x1 on 56x56x256: 1.0 to 0.47 ms) and leaves
+the sparse kernels' loop bodies where they were (`rows` at 10 %: 0.37 ms
+either way). The table above was measured with the default. Under Eigen
+(``python -m dcjax.kernels.bench --fractions 0.1,0.3,0.5``) the sparse path
+still wins at 10 % (ResNet-50 3x3 `xla` 2.95x, 1x1 `xla` 1.6x, `rows` 1.27x)
+but 1x1 layers break even near 30 % with a single blob. End to end (ResNet-50
+on vtest under Eigen, 25 frames) raising the dense cut-offs to 0.8 gained 1 %
+and lowering them to 0.2 lost 6 % (43.1 and 46.2 against 43.6 ms a frame), so
+one table serves both.
+
 GPU and TPU: no accelerator was lent to this task, so nothing was measured;
 they get the portable ``xla`` kernel. Run the bench command on the device (it
 also times ``pallas``) and add rows here.

@@ -77,12 +77,26 @@ def test_pareto_plot_has_one_front_per_method(bench_result):
     fig = plots.pareto(records)
     (ax,) = fig.axes
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert labels == ["deepcache", "delta", "deepcache+refine"]
+    assert labels == ["deepcache", "delta", "deepcache+refine", "deepmon"]
     # every variant of a method is a point; deepcache has 3 (default, threshold, block)
     points = [ln for ln in ax.lines if ln.get_linestyle() == "None"]
-    assert [len(ln.get_xdata()) for ln in points] == [3, 2, 2]
+    assert [len(ln.get_xdata()) for ln in points] == [3, 2, 2, 1]
     speedups = sorted(r["speedup"] for r in records if r["method"] == "delta")
     assert sorted(points[1].get_xdata()) == pytest.approx(speedups)
+
+
+def test_pareto_plot_places_mil_by_its_threshold(bench_result):
+    records, _ = bench_result
+    base = next(r for r in records if r["method"] == "deepmon")
+    mil = [
+        {**base, "method": "mil", "variant": f"mil:psnr_threshold={t}", "speedup": s,
+         "config": {**base["config"], "psnr_threshold": t}}
+        for t, s in ((20.0, 3.0), (30.0, 1.5))
+    ]  # fmt: skip
+    fig = plots.pareto([r for r in records if r["method"] == "deepcache"] + mil)
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["deepcache", "mil"]
+    assert sorted(t.get_text() for t in ax.texts) == ["20 dB", "30 dB"]
 
 
 def test_zoo_table_lists_the_zoo():
