@@ -487,9 +487,7 @@ class CachedModel:
             # A conditional materialises the mask: otherwise XLA fuses its whole
             # derivation (block PSNRs, expansion to pixels, the frame border)
             # into every consumer of every layer's mask, once per pixel.
-            r0 = lax.cond(
-                refresh, lambda: jnp.zeros((h, w), bool), lambda: m.mask & inside
-            )
+            r0 = lax.cond(refresh, lambda: jnp.zeros((h, w), bool), lambda: m.mask & inside)
 
         ctx = FrameContext(motion, cfg.alignment)
         caches = list(state.caches)
