@@ -45,6 +45,8 @@ import numpy as np
 from jax import lax
 from jax.extend import core as jcore
 
+from dcjax.transforms._registry import registrar
+
 __all__ = ["LOWERINGS", "bind", "register"]
 
 #: A rule returns the equation's outputs, or None to bind the primitive as it is.
@@ -60,15 +62,7 @@ _MAX_TAPS = 16
 _MAX_QUARTERS = 16
 
 
-def register(*prims: Any) -> Callable[[Rule], Rule]:
-    """Register a rule for one or more primitives."""
-
-    def deco(fn: Rule) -> Rule:
-        for p in prims:
-            LOWERINGS[p] = fn
-        return fn
-
-    return deco
+register = registrar(LOWERINGS, "lowering")
 
 
 def bind(eqn: jcore.JaxprEqn, invals: Sequence[Any]) -> list:

@@ -41,6 +41,7 @@ from jax import lax
 from jax.extend.core import primitives as P
 
 from dcjax.transforms import signatures as S
+from dcjax.transforms._registry import registrar
 from dcjax.transforms.signatures import Spatial
 
 Mask = Any  # True (static), a bool scalar array, or a bool (H_v, W_v) array
@@ -60,15 +61,7 @@ MaskRule = Callable[..., list]
 MASK_RULES: dict[Any, MaskRule] = {}
 
 
-def register(*primitives: Any) -> Callable[[MaskRule], MaskRule]:
-    """Register a mask rule for one or more primitives."""
-
-    def deco(fn: MaskRule) -> MaskRule:
-        for p in primitives:
-            MASK_RULES[p] = fn
-        return fn
-
-    return deco
+register = registrar(MASK_RULES, "mask rule")
 
 
 # ---------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from jax.extend import core as jcore
 from jax.extend.core import primitives as P
 
 from dcjax.kernels.masked import plain_conv
+from dcjax.transforms._registry import registrar
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,15 +88,7 @@ SignatureRule = Callable[..., list]
 SIGNATURE_RULES: dict[Any, SignatureRule] = {}
 
 
-def register(*primitives: Any) -> Callable[[SignatureRule], SignatureRule]:
-    """Register a signature rule for one or more primitives."""
-
-    def deco(fn: SignatureRule) -> SignatureRule:
-        for p in primitives:
-            SIGNATURE_RULES[p] = fn
-        return fn
-
-    return deco
+register = registrar(SIGNATURE_RULES, "signature rule")
 
 
 def _shape(v: Any) -> tuple[int, ...]:
