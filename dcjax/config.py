@@ -180,6 +180,17 @@ class Config:
             separate pass over the map is left for it (see
             `dcjax.kernels.Epilogue`). Not with Pallas kernels or semantic
             exits, where it is off whatever this says.
+        skip_unchanged: when every input pixel is reusable and the motion is
+            zero (a still scene), return the previous output and keep every
+            cache as it is, without running the network: every layer's mask is
+            then all reusable, and a reusable output may take its cached value
+            (the kernels' contract), so the result is DeepCache's. It saves
+            the work DeepCache cannot skip layer by layer (small layers
+            computed densely, pooling, normalisation, fully connected layers).
+            Not with semantic exits, nor for a model with primitives the
+            analysis does not cover. Off by default: the step then runs
+            inside a loop, which XLA:CPU executes a little slower on frames
+            that are not still (measured in the README).
     """
 
     block_size: int = 10
@@ -196,6 +207,7 @@ class Config:
     semantic: SemanticConfig | None = None
     refine: RefineConfig | None = None
     fuse_epilogues: bool = True
+    skip_unchanged: bool = False
 
     def __post_init__(self) -> None:
         _check(
@@ -243,10 +255,9 @@ class Config:
             self.semantic is None or isinstance(self.semantic, SemanticConfig),
             f"Config.semantic must be a SemanticConfig or None, got {self.semantic!r}",
         )
-        _check(
-            isinstance(self.fuse_epilogues, bool),
-            f"Config.fuse_epilogues must be a bool, got {self.fuse_epilogues!r}",
-        )
+        for name in ("fuse_epilogues", "skip_unchanged"):
+            value = getattr(self, name)
+            _check(isinstance(value, bool), f"Config.{name} must be a bool, got {value!r}")
         _check(
             self.refine is None or isinstance(self.refine, RefineConfig),
             f"Config.refine must be a RefineConfig or None, got {self.refine!r}",

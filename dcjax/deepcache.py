@@ -84,6 +84,8 @@ class CacheState:
             input (None for layers that are not refined); else empty.
         ref_scale: with ``Config.refine``, per layer the activation scale its
             threshold is relative to (0 until measured on the first frame).
+        output: with ``Config.skip_unchanged``, the last output's leaves (a
+            still frame returns them); else empty.
     """
 
     prev_frame: jax.Array
@@ -96,6 +98,7 @@ class CacheState:
     semantic: Any = None
     refs: tuple = ()
     ref_scale: Any = None
+    output: tuple = ()
 
 
 class CachedModel:
@@ -187,6 +190,11 @@ class CachedModel:
                 "full and nothing downstream of them is reused",
                 stacklevel=3,
             )
+        # A still frame skips the network only where the analysis covers every
+        # primitive: an unsupported one is recomputed in full whatever the masks.
+        self._skips = (
+            config.skip_unchanged and self._semantic is None and not self.unsupported_primitives
+        )
         self.total_flops = sum(layer.flops for layer in self.layers) + (
             self._analysis.other_conv_flops
         )
@@ -232,6 +240,11 @@ class CachedModel:
             state = dataclasses.replace(
                 state, refs=refs, ref_scale=jnp.zeros((len(self.layers),), jnp.float32)
             )
+        if self._skips:
+            outs = self._analysis.jaxpr.out_avals
+            state = dataclasses.replace(
+                state, output=tuple(jnp.zeros(a.shape, a.dtype) for a in outs)
+            )
         # fresh buffers: a state is consumed (donated) by the step it is passed to
         return jax.tree_util.tree_map(lambda a: jnp.array(a, copy=True), state)
 
@@ -251,9 +264,10 @@ class CachedModel:
         Returns:
             ``(output, state, info)``; ``info`` holds ``motion``, ``refreshed``,
             ``nonfinite``, ``match_ratio``, ``input_reuse`` (fraction of input
-            pixels reused), ``reuse_fraction`` (per layer) and ``flops_ratio``
+            pixels reused), ``reuse_fraction`` (per layer), ``flops_ratio``
             (convolution FLOPs that had to be computed / those of a full
-            recompute).
+            recompute) and ``skipped`` (a still frame: the network did not
+            run, `Config.skip_unchanged`).
         """
         frame = self._check_frame(frame, "frame", 3)
         match = self._check_match(match, batched=False)
@@ -490,6 +504,79 @@ class CachedModel:
             r0 = lax.cond(refresh, lambda: jnp.zeros((h, w), bool), lambda: m.mask & inside)
 
         ctx = FrameContext(motion, cfg.alignment)
+        n_layers = len(self.layers)
+        semantic, semantic_info = state.semantic, {}
+        skip = jnp.bool_(False)
+        if self._skips:
+            # A still scene: every layer's mask would be all reusable, so the
+            # network would return its last output and keep every cache. The
+            # step then runs in a loop of zero trips (a loop carry keeps its
+            # buffers, where a lax.cond would copy every cache).
+            skip = jnp.all(r0) & jnp.all(motion == 0)
+
+            def body(i, carry):
+                (leaves_i, x_i, r0_i), _ = lax.optimization_barrier(((leaves, x, r0), i))
+                st = dataclasses.replace(state, caches=carry[0], refs=carry[1], ref_scale=carry[2])
+                outs, caches, fractions, _, _, _, refs, scales = self._forward(
+                    leaves_i, st, x_i, r0_i, ctx, refresh, finite
+                )
+                scales = jnp.stack(scales) if scales else st.ref_scale
+                return tuple(caches), tuple(refs), scales, tuple(outs), _stack(fractions)
+
+            carry = (
+                state.caches, state.refs, state.ref_scale, state.output,
+                jnp.ones((n_layers,), jnp.float32),
+            )  # fmt: skip
+            caches, refs, ref_scale, outs, reuse_fraction = lax.fori_loop(
+                0, _trips(skip), body, carry
+            )
+            layer_valid = jnp.ones((n_layers,), bool)
+        else:
+            outs, caches, fractions, layer_valid, semantic, semantic_info, refs, ref_scale = (
+                self._forward(leaves, state, x, r0, ctx, refresh, finite)
+            )
+            reuse_fraction = _stack(fractions)
+            ref_scale = jnp.stack(ref_scale) if ref_scale else state.ref_scale
+        output = jax.tree_util.tree_unflatten(self._traced.out_tree, list(outs))
+
+        work = (1.0 - reuse_fraction) * self._flops
+        if self._semantic is not None:  # layers skipped by an exit cost nothing
+            work = jnp.where(layer_valid, work, 0.0)
+        # FLOP counts exceed int32: keep them float
+        computed = jnp.sum(work) + float(self._analysis.other_conv_flops)
+        flops_ratio = jnp.where(skip, 0.0, computed / float(max(self.total_flops, 1)))
+        new_state = CacheState(
+            prev_frame=jnp.where(finite, frame.astype(jnp.float32), state.prev_frame),
+            has_prev=finite,
+            since_refresh=jnp.where(refresh, 1, state.since_refresh + 1).astype(jnp.int32),
+            frame_index=state.frame_index + 1,
+            motion=jnp.where(finite, motion, state.motion),
+            caches=tuple(caches),
+            layer_valid=layer_valid,
+            semantic=semantic,
+            refs=tuple(refs),
+            ref_scale=ref_scale,
+            output=tuple(outs) if self._skips else (),
+        )
+        info = {
+            "motion": motion,
+            "refreshed": refresh,
+            "nonfinite": ~finite,
+            "match_ratio": jnp.asarray(ratio, jnp.float32),
+            "input_reuse": r0.mean(dtype=jnp.float32),
+            "reuse_fraction": reuse_fraction,
+            "flops_ratio": jnp.asarray(flops_ratio, jnp.float32),
+            "skipped": skip,
+            **semantic_info,
+        }
+        return output, new_state, info
+
+    def _forward(self, leaves, state: CacheState, x, r0, ctx: FrameContext, refresh, finite):
+        """The network on one frame with reuse: outputs, caches and what the step reports.
+
+        Returns ``(outs, caches, fractions, layer_valid, semantic, semantic_info,
+        refs, ref_scale)``, the last two as lists (`_refiner`).
+        """
         caches = list(state.caches)
         fractions = [jnp.float32(0.0)] * len(self.layers)
 
@@ -524,38 +611,7 @@ class CachedModel:
                 state.semantic, [*leaves, x[None]], [True] * n + [r0], ctx, reuse_value,
                 state.caches, finite,
             )  # fmt: skip
-        output = jax.tree_util.tree_unflatten(self._traced.out_tree, outs)
-
-        reuse_fraction = jnp.stack(fractions) if fractions else jnp.zeros((0,), jnp.float32)
-        work = (1.0 - reuse_fraction) * self._flops
-        if self._semantic is not None:  # layers skipped by an exit cost nothing
-            work = jnp.where(layer_valid, work, 0.0)
-        # FLOP counts exceed int32: keep them float
-        computed = jnp.sum(work) + float(self._analysis.other_conv_flops)
-        flops_ratio = computed / float(max(self.total_flops, 1))
-        new_state = CacheState(
-            prev_frame=jnp.where(finite, frame.astype(jnp.float32), state.prev_frame),
-            has_prev=finite,
-            since_refresh=jnp.where(refresh, 1, state.since_refresh + 1).astype(jnp.int32),
-            frame_index=state.frame_index + 1,
-            motion=jnp.where(finite, motion, state.motion),
-            caches=tuple(caches),
-            layer_valid=layer_valid,
-            semantic=semantic,
-            refs=tuple(refs),
-            ref_scale=jnp.stack(ref_scale) if ref_scale else state.ref_scale,
-        )
-        info = {
-            "motion": motion,
-            "refreshed": refresh,
-            "nonfinite": ~finite,
-            "match_ratio": jnp.asarray(ratio, jnp.float32),
-            "input_reuse": r0.mean(dtype=jnp.float32),
-            "reuse_fraction": reuse_fraction,
-            "flops_ratio": jnp.asarray(flops_ratio, jnp.float32),
-            **semantic_info,
-        }
-        return output, new_state, info
+        return outs, caches, fractions, layer_valid, semantic, semantic_info, refs, ref_scale
 
     def _run_impl(self, leaves, state, frames, matches):
         def body(st, xs):
@@ -594,6 +650,30 @@ def _layer_epilogues(analysis, n_layers: int) -> tuple[tuple[str, ...], ...]:
         n_layers,
         lambda an, eqn, info: tuple(an.jaxpr.jaxpr.eqns[j].primitive.name for j in info.epilogue),
     )
+
+
+def _stack(fractions: list) -> jax.Array:
+    """Per-layer scalars as one (L,) array (empty without layers)."""
+    return jnp.stack(fractions) if fractions else jnp.zeros((0,), jnp.float32)
+
+
+@jax.custom_batching.custom_vmap
+def _trips(skip: jax.Array) -> jax.Array:
+    """Trips of the step's loop: 0 for a skipped (still) frame, else 1.
+
+    Under `jax.vmap` over streams the count is 1 when any stream's frame is
+    not still, for all streams: the full step computes what skipping would
+    for the still ones, so no per-stream select (a copy of every cache) is
+    needed.
+    """
+    return (~skip).astype(jnp.int32)
+
+
+@_trips.def_vmap
+def _trips_vmap(axis_size, in_batched, skip):
+    del axis_size
+    trips = jnp.any(~skip) if in_batched[0] else ~skip
+    return trips.astype(jnp.int32), False
 
 
 def _shift(a: jax.Array, dy: jax.Array, dx: jax.Array, axes: tuple[int, int]) -> jax.Array:

@@ -567,3 +567,67 @@ def test_epilogues_inside_calls_and_around_transposed_convs():
         _close(of, op)
     # the fused caches hold ReLU outputs, the plain ones the convolutions'
     assert float(np.asarray(sf.caches[0]).min()) >= 0.0 > float(np.asarray(sp.caches[0]).min())
+
+
+@pytest.mark.parametrize("kernel", ["xla", "auto"])
+def test_skip_unchanged_returns_what_the_full_step_computes(kernel):
+    """A still frame skips the network: the output and caches of the full step, bit for bit
+    where every layer keeps a cache (``xla``); the last output under ``auto``."""
+    module, variables, _ = _model("resnet")
+    full = deepcache.transform(
+        module, variables, frame_shape=(SIZE, SIZE, 3), config=deepcache.Config(kernel=kernel)
+    )
+    skipping = deepcache.transform(
+        module, variables, frame_shape=(SIZE, SIZE, 3),
+        config=deepcache.Config(kernel=kernel, skip_unchanged=True),
+    )  # fmt: skip
+    a = _photo(SIZE, 0)
+    b, _ = _translate(a, 0, 0)  # the same scene
+    b[4:12, 4:12] = _photo(SIZE, 3)[4:12, 4:12]  # a moving object
+    frames = [a, a, a, b, b, a]
+    sf, ss = full.init(), skipping.init()
+    skipped, prev = [], None
+    for f in frames:
+        of, sf, inf = full.step(sf, f)
+        os_, ss, ins = skipping.step(ss, f)
+        skipped.append(bool(ins["skipped"]))
+        assert not bool(inf["skipped"])
+        if kernel == "xla" or not skipped[-1]:
+            np.testing.assert_array_equal(np.asarray(os_), np.asarray(of))
+        else:
+            np.testing.assert_array_equal(np.asarray(os_), np.asarray(prev))
+            _close(os_, of)
+        prev = os_
+        if skipped[-1]:
+            assert float(ins["flops_ratio"]) == 0.0
+            np.testing.assert_array_equal(np.asarray(ins["reuse_fraction"]), 1.0)
+        if kernel == "xla":
+            for cf, cs in zip(sf.caches, ss.caches, strict=True):
+                np.testing.assert_array_equal(np.asarray(cs), np.asarray(cf))
+    # first frame refreshes; a repeat is still; the object's arrival is not
+    assert skipped == [False, True, True, False, True, False]
+
+
+def test_skip_unchanged_under_vmap_matches_single_streams():
+    """One still stream and one changing stream: the batched step runs the network for both
+    and gives each stream what it gives alone."""
+    module, variables, _ = _model("resnet")
+    cfg = deepcache.Config(kernel="xla", skip_unchanged=True)
+    cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3), config=cfg)
+    a, c = _photo(SIZE, 0), _photo(SIZE, 5)
+    streams = [[a, a, a], [a, a, c]]
+    states = jax.vmap(lambda _: cached.init())(jnp.arange(2))
+    step = jax.vmap(cached.step)
+    for t in range(3):
+        outs, states, info = step(states, jnp.asarray(np.stack([s[t] for s in streams])))
+    assert list(np.asarray(info["skipped"])) == [True, False]
+    for i, frames in enumerate(streams):
+        st = cached.init()
+        for f in frames:
+            single, st, _ = cached.step(st, f)
+        np.testing.assert_array_equal(np.asarray(outs[i]), np.asarray(single))
+
+
+def test_skip_unchanged_is_a_bool():
+    with pytest.raises(ValueError, match="skip_unchanged"):
+        deepcache.Config(skip_unchanged=1)
