@@ -520,8 +520,7 @@ class CachedModel:
                 outs, caches, fractions, _, _, _, refs, scales = self._forward(
                     leaves_i, st, x_i, r0_i, ctx, refresh, finite
                 )
-                scales = jnp.stack(scales) if scales else st.ref_scale
-                return tuple(caches), tuple(refs), scales, tuple(outs), _stack(fractions)
+                return tuple(caches), tuple(refs), scales, tuple(outs), fractions
 
             carry = (
                 state.caches, state.refs, state.ref_scale, state.output,
@@ -532,11 +531,9 @@ class CachedModel:
             )
             layer_valid = jnp.ones((n_layers,), bool)
         else:
-            outs, caches, fractions, layer_valid, semantic, semantic_info, refs, ref_scale = (
+            outs, caches, reuse_fraction, layer_valid, semantic, semantic_info, refs, ref_scale = (
                 self._forward(leaves, state, x, r0, ctx, refresh, finite)
             )
-            reuse_fraction = _stack(fractions)
-            ref_scale = jnp.stack(ref_scale) if ref_scale else state.ref_scale
         output = jax.tree_util.tree_unflatten(self._traced.out_tree, list(outs))
 
         work = (1.0 - reuse_fraction) * self._flops
@@ -574,8 +571,9 @@ class CachedModel:
     def _forward(self, leaves, state: CacheState, x, r0, ctx: FrameContext, refresh, finite):
         """The network on one frame with reuse: outputs, caches and what the step reports.
 
-        Returns ``(outs, caches, fractions, layer_valid, semantic, semantic_info,
-        refs, ref_scale)``, the last two as lists (`_refiner`).
+        Returns ``(outs, caches, reuse_fraction, layer_valid, semantic,
+        semantic_info, refs, ref_scale)``: ``reuse_fraction`` and ``ref_scale``
+        as (L,) arrays (``ref_scale`` is the state's without refinement).
         """
         caches = list(state.caches)
         fractions = [jnp.float32(0.0)] * len(self.layers)
@@ -611,7 +609,9 @@ class CachedModel:
                 state.semantic, [*leaves, x[None]], [True] * n + [r0], ctx, reuse_value,
                 state.caches, finite,
             )  # fmt: skip
-        return outs, caches, fractions, layer_valid, semantic, semantic_info, refs, ref_scale
+        reuse_fraction = jnp.stack(fractions) if fractions else jnp.zeros((0,), jnp.float32)
+        ref_scale = jnp.stack(ref_scale) if ref_scale else state.ref_scale
+        return outs, caches, reuse_fraction, layer_valid, semantic, semantic_info, refs, ref_scale
 
     def _run_impl(self, leaves, state, frames, matches):
         def body(st, xs):
@@ -650,11 +650,6 @@ def _layer_epilogues(analysis, n_layers: int) -> tuple[tuple[str, ...], ...]:
         n_layers,
         lambda an, eqn, info: tuple(an.jaxpr.jaxpr.eqns[j].primitive.name for j in info.epilogue),
     )
-
-
-def _stack(fractions: list) -> jax.Array:
-    """Per-layer scalars as one (L,) array (empty without layers)."""
-    return jnp.stack(fractions) if fractions else jnp.zeros((0,), jnp.float32)
 
 
 @jax.custom_batching.custom_vmap

@@ -90,10 +90,6 @@ class FrameContext:
         return jnp.all(mask) & self.zero_motion
 
 
-def _bind(eqn: jcore.JaxprEqn, invals: Sequence[Any]) -> list:
-    return lowering.bind(eqn, invals)
-
-
 def _needs_valid(in_sigs: Sequence, out_sig: Spatial | None) -> bool:
     return out_sig is not None and all(s != out_sig for s in in_sigs)
 
@@ -211,7 +207,7 @@ def run_eqns(
             continue
         invals, inmasks = zip(*(env.read(v) for v in eqn.invars)) if eqn.invars else ((), ())
         if not info.dynamic:
-            outs, omasks = _bind(eqn, invals), [True] * len(eqn.outvars)
+            outs, omasks = lowering.bind(eqn, invals), [True] * len(eqn.outvars)
         elif info.sub is not None:
             outs, omasks = evaluate(
                 info.sub, invals, inmasks, ctx, reuse, on_unsupported, record, _path + (i,),
@@ -249,7 +245,7 @@ def run_eqns(
             if info.layer is not None:
                 outs = [reuse(info.layer, eqn, list(invals), omasks[0])]
             else:
-                outs = _bind(eqn, invals)
+                outs = lowering.bind(eqn, invals)
         for v, val, m, sig in zip(eqn.outvars, outs, omasks, info.out_sigs):
             env.write(v, val, m)
             if record is not None and info.dynamic and sig is not None:
@@ -310,7 +306,7 @@ def _epilogue(
         for e, sub, slots in steps:
             args = [arg(slot) for slot in slots]
             # an elementwise call runs its body on y's shape
-            out = _eval_elementwise(sub, *args) if sub is not None else _bind(e, args)[0]
+            out = _eval_elementwise(sub, *args) if sub is not None else lowering.bind(e, args)[0]
             vals[e.outvars[0]] = out
         return vals[last]
 
@@ -324,7 +320,7 @@ def _eval_elementwise(closed: jcore.ClosedJaxpr, *args: jax.Array) -> jax.Array:
     for e in jaxpr.eqns:
         ins = [u.val if isinstance(u, jcore.Literal) else vals[u] for u in e.invars]
         sub = sub_jaxpr(e)
-        outs = [_eval_elementwise(sub, *ins)] if sub is not None else _bind(e, ins)
+        outs = [_eval_elementwise(sub, *ins)] if sub is not None else lowering.bind(e, ins)
         vals.update(zip(e.outvars, outs))
     return vals[jaxpr.outvars[0]]
 
@@ -333,7 +329,7 @@ def dense_reuse(
     layer: int, eqn: jcore.JaxprEqn, invals: list, mask: jax.Array, epilogue=None
 ) -> jax.Array:
     """A ``reuse`` callback that computes every layer in full."""
-    out = _bind(eqn, invals)[0]
+    out = lowering.bind(eqn, invals)[0]
     return out if epilogue is None else epilogue(out)
 
 
