@@ -43,6 +43,7 @@ import numpy as np
 from jax import lax
 
 from dcjax import kernels, matching
+from dcjax._loops import pinned
 from dcjax.config import Config, RefineConfig, SemanticConfig
 from dcjax.matching.types import Match
 from dcjax.transforms import refine as refine_lib
@@ -515,7 +516,7 @@ class CachedModel:
             skip = jnp.all(r0) & jnp.all(motion == 0)
 
             def body(i, carry):
-                (leaves_i, x_i, r0_i), _ = lax.optimization_barrier(((leaves, x, r0), i))
+                leaves_i, x_i, r0_i = pinned((leaves, x, r0), i)
                 st = dataclasses.replace(state, caches=carry[0], refs=carry[1], ref_scale=carry[2])
                 outs, caches, fractions, _, _, _, refs, scales = self._forward(
                     leaves_i, st, x_i, r0_i, ctx, refresh, finite

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from dcjax._loops import pinned, run_if
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.reference import DIMENSION_NUMBERS, conv
 
@@ -195,14 +196,9 @@ def sparse_or_dense(cached, chunks, step, use_dense, dense, operands):
     single chunk (whose slice does not either) then ran unconditionally.
     """
 
-    def pinned(i):
-        ops, _ = lax.optimization_barrier((tuple(operands), i))
-        return ops
-
-    out = lax.fori_loop(0, chunks, lambda i, out: step(i, out, *pinned(i)), cached)
-    return lax.fori_loop(
-        0, use_dense.astype(jnp.int32), lambda i, out: dense(*pinned(i)).astype(out.dtype), out
-    )
+    operands = tuple(operands)
+    out = lax.fori_loop(0, chunks, lambda i, out: step(i, out, *pinned(operands, i)), cached)
+    return run_if(use_dense, lambda *ops: dense(*ops).astype(out.dtype), operands, out)
 
 
 def apply_epilogue(

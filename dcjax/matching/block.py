@@ -9,7 +9,10 @@ frame, both (H, W, C):
    blocks) searches the previous frame for its best vector ``(dy, dx)``
    (``cur[y, x] ~ prev[y + dy, x + dx]``), ``|dy|, |dx| <= search_range``, by
    ``"diamond"``, ``"three_step"`` or ``"exhaustive"`` search on the SSD of the
-   luma (or RGB) planes, starting from ``init_motion``.
+   luma (or RGB) planes, starting from ``init_motion``. With ``k_skip=1``
+   and a zero start the diamond search scores the blocks that stay by
+   whole-plane passes (`dcjax.matching.search.steady_diamond_search`); the
+   result is the same up to the float rounding of the SSDs.
 3. **Global motion.** Among the searched blocks whose best PSNR is larger than
    ``psnr_threshold`` (as in the paper), the most frequent vector is found; the
    vectors within one pixel of it (per axis) are the inliers and the others
@@ -43,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from dcjax._loops import run_if
 from dcjax.matching import search as _search
 from dcjax.matching.static import (
     _peak,
@@ -192,22 +196,45 @@ def _block_match(
     inside[:h, :w] = 1.0
 
     # Step 1: the searched blocks, blocks last: (C, bs, bs, n).
-    grid = cur_p.reshape(ch, nby, bs, nbx, bs)[:, ::k, :, ::k]
-    cur_b = lax.optimization_barrier(grid.transpose(0, 2, 4, 1, 3).reshape(ch, bs, bs, -1))
     weights = None
     if eh or ew:
         wgrid = inside.reshape(nby, bs, nbx, bs)[::k, :, ::k].transpose(1, 3, 0, 2)
         weights = jnp.asarray(wgrid.reshape(1, bs, bs, -1))
-    blocks = _search.Blocks(cur_b, weights, jnp.asarray(corners), jnp.asarray(lo), jnp.asarray(hi))
+
+    def cut(cur_p):
+        grid = cur_p.reshape(ch, nby, bs, nbx, bs)[:, ::k, :, ::k]
+        cur_b = lax.optimization_barrier(grid.transpose(0, 2, 4, 1, 3).reshape(ch, bs, bs, -1))
+        return _search.Blocks(cur_b, weights, *map(jnp.asarray, (corners, lo, hi)))
 
     # Step 2: per-block search from the (clipped) initial motion.
-    start = jnp.clip(jnp.asarray(init_motion, jnp.int32)[:, None], blocks.lo, blocks.hi)
-    if search == "diamond":
-        res = _search.diamond_search(prev_p, blocks, start, max_steps=max_steps)
+    start = jnp.clip(jnp.asarray(init_motion, jnp.int32)[:, None], jnp.asarray(lo), jnp.asarray(hi))
+    if search == "diamond" and k == 1:
+        # From a zero start (a steady camera) most blocks never move: their
+        # costs come from whole-plane passes and only the blocks that move
+        # gather windows (`steady_diamond_search`). Any other start, or more
+        # moving blocks than it has slots for, searches every block by windows.
+        def steady(prev_p, cur_p):
+            costs = _search.plane_ssd(cur_p, prev_p, pad, bs, inside if (eh or ew) else None)
+            return _search.steady_diamond_search(
+                prev_p, cur_p, cut(cur_p)._replace(cur=None), costs,
+                pad=pad, block_size=bs, max_steps=max_steps,
+            )  # fmt: skip
+
+        def by_windows(prev_p, cur_p, start):
+            return _search.diamond_search(prev_p, cut(cur_p), start, max_steps=max_steps)
+
+        n = start.shape[1]
+        none = _search.SearchResult(start, jnp.zeros((n,)), start, jnp.zeros((n,)))
+        res, overflow = run_if(
+            jnp.all(start == 0), steady, (prev_p, cur_p), (none, jnp.bool_(True))
+        )
+        res = run_if(overflow, by_windows, (prev_p, cur_p, start), res)
+    elif search == "diamond":
+        res = _search.diamond_search(prev_p, cut(cur_p), start, max_steps=max_steps)
     elif search == "three_step":
-        res = _search.three_step_search(prev_p, blocks, start, search_range=r)
+        res = _search.three_step_search(prev_p, cut(cur_p), start, search_range=r)
     else:
-        res = _search.exhaustive_search(prev_p, blocks, start, search_range=r)
+        res = _search.exhaustive_search(prev_p, cut(cur_p), start, search_range=r)
     counts = block_counts_np((h, w), bs)
     counts_s = counts[::k, ::k].reshape(-1)
     best_psnr = psnr_from_mse(res.ssd / (counts_s * ch), peak)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dcjax.matching import block as B
 from dcjax.matching import match
 from dcjax.matching import search as S
 from tests.matching.frames import blocks, brute_force, degrade, luma, photo, shifted_pair, smooth
@@ -251,3 +252,126 @@ def test_diamond_straggler_compaction_is_exact(monkeypatch):
     # The true vector of every block is (1, -2); most blocks find it.
     found = (np.asarray(plain.vectors) == np.array([[1], [-2]])).all(0)
     assert found.mean() > 0.5
+
+
+def _moving_patch(name: str, seed: int, noise: float = 1.0):
+    """(prev, cur): a still photo crop in which one 24x24 patch moves by (2, -3)."""
+    prev, _ = shifted_pair(photo(name), (0, 0))
+    cur = prev.copy()
+    cur[20:44, 30:54] = photo(name)[120 + 22 : 120 + 46, 140 + 27 : 140 + 51]
+    return prev, degrade(cur, noise=noise, brightness=0.0, seed=seed)
+
+
+def _window_only_match():
+    """`match`'s diamond search with the steady path always overflowing, i.e.
+    every block searched by gathered windows (a fresh jit: the patch is seen)."""
+    real = S.steady_diamond_search
+
+    def overflowing(*args, **kwargs):
+        res, _ = real(*args, **kwargs)
+        return res, jnp.bool_(True)
+
+    return jax.jit(
+        lambda *a, **k: B._block_match.__wrapped__(*a, **k),  # not jax's trace cache
+        static_argnames=("block_size", "search", "max_steps", "k_skip", "reuse_scores",
+                         "color", "search_range"),
+    ), overflowing  # fmt: skip
+
+
+def _call(fn, prev, cur, init=(0, 0), color="luma"):
+    return fn(
+        jnp.asarray(prev), jnp.asarray(cur), jnp.asarray(init, jnp.int32),
+        jnp.float32(30.0), jnp.float32(255.0), block_size=10, search="diamond",
+        max_steps=8, k_skip=1, reuse_scores=True, color=color, search_range=R,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("color", ["luma", "rgb"])
+def test_plane_ssd_equals_gathered_block_ssd(color):
+    """Whole-plane SSDs equal the per-block SSDs of gathered windows, edge blocks
+    (partly outside the frame) included."""
+    prev, cur = _moving_patch("coffee", seed=1, noise=4.0)
+    pl = lambda f: jnp.moveaxis(B._plane(jnp.asarray(f), color), -1, 0)  # noqa: E731
+    bs, pad = 10, R + 2
+    (nby, nbx), _, corners, _, _ = B._geometry(64, 84, bs, 1, R, pad)
+    eh, ew = nby * bs - 64, nbx * bs - 84
+    prev_p = jnp.pad(pl(prev), ((0, 0), (pad, pad + eh), (pad, pad + ew)))
+    cur_p = jnp.pad(pl(cur), ((0, 0), (0, eh), (0, ew)))
+    inside = np.zeros((nby * bs, nbx * bs), np.float32)
+    inside[:64, :84] = 1.0
+    got = np.asarray(S.plane_ssd(cur_p, prev_p, pad, bs, inside))
+    assert got.shape == (13, nby * nbx)
+    cur_b = S.windows(cur_p, jnp.asarray(corners) - pad, bs)
+    weights = S.windows(jnp.asarray(inside)[None], jnp.asarray(corners) - pad, bs)
+    for k, (dy, dx) in enumerate(S.PLANE_OFFSETS):
+        ref = S.windows(prev_p, jnp.asarray(corners) + np.array([[dy], [dx]]), bs)
+        want = np.asarray(S.block_ssd(cur_b, ref, weights))
+        np.testing.assert_allclose(got[k], want, rtol=1e-5, atol=1e-2)
+    # Not vacuous: the moving patch makes some costs large, the still part small.
+    assert got[0].max() > 100 * np.median(got[0]) > 0
+
+
+@pytest.mark.parametrize("name", ["coffee", "chelsea", "astronaut"])
+def test_steady_search_equals_the_window_search(name, monkeypatch):
+    """From a zero start, the plane-cost search finds what the window search finds."""
+    prev, cur = _moving_patch(name, seed=3)
+    steady = _call(B._block_match, prev, cur)
+    fn, overflowing = _window_only_match()
+    monkeypatch.setattr(S, "steady_diamond_search", overflowing)
+    windows = _call(fn, prev, cur)
+    a, b = np.asarray(steady.block_vectors), np.asarray(windows.block_vectors)
+    assert (a != 0).any()  # the patch's blocks moved: the compacted part ran
+    # float32 SSDs summed in another order may break a rare near-tie differently.
+    assert (a != b).any(-1).sum() <= 1
+    same = (a == b).all(-1)
+    np.testing.assert_allclose(
+        np.asarray(steady.block_psnr)[same], np.asarray(windows.block_psnr)[same], rtol=1e-5
+    )
+    assert int(steady.motion.sum() != windows.motion.sum()) == 0
+
+
+def test_steady_search_runs_only_from_a_zero_start_and_falls_back_on_overflow(monkeypatch):
+    """Corrupted plane costs change the result from a zero start only; with one
+    slot for moving blocks the search overflows to the window search."""
+    prev, cur = _moving_patch("coffee", seed=5)
+    good0, good1 = _call(B._block_match, prev, cur), _call(B._block_match, prev, cur, (1, 0))
+    movers = np.flatnonzero((np.asarray(good0.block_vectors) != 0).any(-1))
+    assert 2 <= len(movers) <= S.tail_capacity(63)
+    real_planes = S.plane_ssd
+    # A zero cost at their start: the blocks that move can no longer leave it.
+    monkeypatch.setattr(S, "plane_ssd", lambda *a: real_planes(*a).at[0, movers].set(0.0))
+    fn, _ = _window_only_match()
+    bad0, bad1 = _call(fn, prev, cur), _call(fn, prev, cur, (1, 0))
+    stuck = (np.asarray(bad0.block_vectors) != np.asarray(good0.block_vectors)).any(-1)
+    np.testing.assert_array_equal(np.flatnonzero(stuck), movers)
+    # From another start the plane costs are not used.
+    np.testing.assert_array_equal(np.asarray(bad1.block_vectors), np.asarray(good1.block_vectors))
+    # A cost below zero at (1, 0) for the blocks that stay: the small diamond
+    # of the plane path takes it, unless more blocks move than there are
+    # slots, and the window search runs instead.
+    still = np.setdiff1d(np.arange(63), movers)
+    monkeypatch.setattr(S, "plane_ssd", lambda *a: real_planes(*a).at[10, still].set(-1.0))
+    assert S.PLANE_OFFSETS[10] == (1, 0)
+    fn, _ = _window_only_match()
+    lured = np.asarray(_call(fn, prev, cur).block_vectors).reshape(-1, 2)
+    assert (lured[still[still < 54]] == (1, 0)).all()  # the last row cannot move down
+    monkeypatch.setattr(S, "tail_capacity", lambda n: 1)
+    fn, _ = _window_only_match()
+    over = _call(fn, prev, cur)
+    np.testing.assert_array_equal(np.asarray(over.block_vectors), np.asarray(good0.block_vectors))
+
+
+def test_diamond_search_under_vmap_matches_single_streams():
+    """Streams with a zero and a nonzero start in one batch (one takes the plane
+    path, the other the window path) match their single-stream results."""
+    pairs = [_moving_patch("coffee", seed=7), _moving_patch("chelsea", seed=8)]
+    inits = [(0, 0), (1, -1)]
+    single = [_call(B._block_match, p, c, i) for (p, c), i in zip(pairs, inits, strict=True)]
+    batched = jax.vmap(lambda p, c, i: _call(B._block_match, p, c, i))(
+        jnp.stack([p for p, _ in pairs]), jnp.stack([c for _, c in pairs]), jnp.asarray(inits)
+    )
+    for k, one in enumerate(single):
+        np.testing.assert_array_equal(
+            np.asarray(batched.block_vectors[k]), np.asarray(one.block_vectors)
+        )
+        np.testing.assert_allclose(np.asarray(batched.block_psnr[k]), np.asarray(one.block_psnr))

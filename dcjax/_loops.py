@@ -1,0 +1,43 @@
+"""Data-dependent skipping of work as loops of zero or more trips.
+
+Contract:
+
+- `pinned(operands, i)` returns ``operands`` unchanged, routed through an
+  optimization barrier tied to the loop counter ``i``. Inside a loop body this
+  keeps XLA from hoisting work that does not depend on the counter out of the
+  loop, where it would run even when the loop runs zero trips.
+- `run_if(pred, fn, operands, init)` returns ``fn(*operands)`` where ``pred``
+  holds and ``init`` where it does not; ``fn``'s result has ``init``'s
+  structure, shapes and dtypes.
+
+Why loops and not `lax.cond`: XLA:CPU copies the operand a conditional's branch
+passes through into the conditional's result buffer, where a loop carry keeps
+its buffer (see `dcjax.kernels.xla.sparse_or_dense`); and under `jax.vmap` a
+conditional with a batched predicate becomes a select that runs both branches
+for every stream, where a loop with a batched trip count runs its body only
+while some stream still needs it, and selects per stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+__all__ = ["pinned", "run_if"]
+
+
+def pinned(operands: Any, i: jax.Array) -> Any:
+    """``operands``, made to depend on the loop counter ``i`` (see the module docstring)."""
+    ops, _ = lax.optimization_barrier((operands, i))
+    return ops
+
+
+def run_if(pred: jax.Array, fn: Callable[..., Any], operands: tuple, init: Any) -> Any:
+    """``fn(*operands)`` if ``pred`` else ``init``, as a loop of zero or one trip."""
+    return lax.fori_loop(
+        0, jnp.asarray(pred).astype(jnp.int32), lambda i, _: fn(*pinned(operands, i)), init
+    )
