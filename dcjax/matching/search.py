@@ -30,8 +30,10 @@ block at the 13 vectors the diamond search can score around a block that
 stays (the centre and both diamonds) by 13 passes over the whole plane, and
 only the blocks that move are compacted and searched by gathered windows.
 Measured on vtest (`dcjax.matching.match`, 10x10 blocks, on the
-2-core development machine): 4.6 to 2.0 ms a frame at 448x448 and 1.33 to
-0.68 ms at 224x224; from any other start the window search runs as before.
+2-core development machine): 4.6 to 2.1 ms a frame at 448x448 and 1.33 to
+0.72 ms at 224x224; from any other start the window search runs as before.
+The price is compile time: the matcher for 64x84 frames compiles in 2.6
+instead of 1.3 s.
 """
 
 from __future__ import annotations
@@ -114,36 +116,33 @@ def windows(prev_p: jax.Array, corners: jax.Array, size: int) -> jax.Array:
     return prev_p.reshape(c, -1).at[:, idx].get(mode="clip")
 
 
-# Up to this many blocks `_sum_leading` adds rows; above, it reduces.
-_CHAIN_BLOCKS = 512
-
-
-def _sum_leading(x: jax.Array) -> jax.Array:
+def _sum_leading(x: jax.Array, chain: bool = False) -> jax.Array:
     """Sum over every axis but the last -> (n,).
 
-    XLA:CPU runs a chain of adds of whole (n,) rows, vectorised along the
-    blocks, faster than a reduction over the leading axes for a few hundred
-    blocks (the compacted movers of `steady_diamond_search`), and slower for
-    thousands (it materialises the squares first). Measured on the matcher on
-    vtest at 448x448 (2025 blocks), reduction everywhere against the chain
-    everywhere: 2.3 against 2.0 ms a frame from a zero start (128 compacted
-    blocks stepped), 6.2 against 6.8 ms from another start (every block).
+    With ``chain``, as adds of whole slices, one leading axis at a time, which
+    XLA:CPU vectorises along the blocks: faster than a reduction for the
+    ~100 compacted blocks `steady_diamond_search` steps (the matcher on vtest
+    at 448x448: 2.0 against 2.5 ms a frame), slower for thousands of blocks,
+    and more operations to compile, so the window search reduces.
     """
-    if x.shape[-1] > _CHAIN_BLOCKS:
+    if not chain:
         return x.sum(axis=tuple(range(x.ndim - 1)))
-    rows = x.reshape(-1, x.shape[-1])
-    total = rows[0]
-    for i in range(1, rows.shape[0]):
-        total = total + rows[i]
-    return total
+    while x.ndim > 1:
+        total = x[0]
+        for i in range(1, x.shape[0]):
+            total = total + x[i]
+        x = total
+    return x
 
 
-def block_ssd(cur: jax.Array, ref: jax.Array, weights: jax.Array | None) -> jax.Array:
+def block_ssd(
+    cur: jax.Array, ref: jax.Array, weights: jax.Array | None, chain: bool = False
+) -> jax.Array:
     """SSD of (C, bs, bs, n) blocks against (C, bs, bs, n) references -> (n,)."""
     diff = cur - ref
     if weights is not None:
         diff = diff * weights  # 0/1 weights: the same as weighting the squares
-    return _sum_leading(jnp.square(diff))
+    return _sum_leading(jnp.square(diff), chain)
 
 
 def _admissible(blocks: Blocks, dy: jax.Array, dx: jax.Array) -> jax.Array:
@@ -165,8 +164,10 @@ def _step(
     best: _Best,
     offsets: tuple[tuple[int, int], ...],
     margin: int,
+    chain: bool = False,
 ) -> tuple[jax.Array, _Best, jax.Array]:
-    """Score ``offsets`` around each block's current vector ``best``.
+    """Score ``offsets`` around each block's current vector ``best``
+    (``chain``: see `_sum_leading`).
 
     The incumbent ``best`` wins ties; then earlier offsets win. An offset
     ``(0, 0)`` rescores the centre itself (use an incumbent cost of ``inf``).
@@ -182,7 +183,7 @@ def _step(
     for oy, ox in offsets:
         sub = win[:, margin + oy : margin + oy + bs, margin + ox : margin + ox + bs]
         ok = _admissible(blocks, best.dy + oy, best.dx + ox)
-        costs.append(jnp.where(ok, block_ssd(blocks.cur, sub, blocks.weights), jnp.inf))
+        costs.append(jnp.where(ok, block_ssd(blocks.cur, sub, blocks.weights, chain), jnp.inf))
     # Materialise the costs once: otherwise XLA fuses the SSDs into each of the
     # selects below and computes them three times.
     costs = lax.optimization_barrier(jnp.stack(costs))
@@ -394,6 +395,7 @@ def _stragglers(
     active: jax.Array,
     it: jax.Array,
     max_steps: int,
+    chain: bool = False,
 ) -> _Best:
     """Large-diamond steps of the compacted blocks ``sub`` (``best`` at ``idx``)
     while any of the ``active`` ones moves and fewer than ``max_steps`` moves
@@ -401,7 +403,7 @@ def _stragglers(
 
     def body(state):
         it, sb, active = state
-        moved, sb, _ = _step(prev_p, sub, sb, LARGE_DIAMOND, 2)
+        moved, sb, _ = _step(prev_p, sub, sb, LARGE_DIAMOND, 2, chain)
         return it + 1, sb, moved & active
 
     def busy(state):
@@ -463,8 +465,9 @@ def steady_diamond_search(
     count = moved.sum()
     valid = jnp.arange(cap) < count
     sub = _take(blocks, idx, (cur_p, pad, block_size))
-    sub_best = _stragglers(prev_p, sub, best, idx, moved[idx] & valid, jnp.int32(1), max_steps)
-    _, sub_best, _ = _step(prev_p, sub, sub_best, SMALL_DIAMOND, 1)
+    active = moved[idx] & valid
+    sub_best = _stragglers(prev_p, sub, best, idx, active, jnp.int32(1), max_steps, chain=True)
+    _, sub_best, _ = _step(prev_p, sub, sub_best, SMALL_DIAMOND, 1, chain=True)
     best = _put(stay, sub_best, jnp.where(valid, idx, n))
     return SearchResult(jnp.stack([best.dy, best.dx]), best.cost, start, start_ssd), count > cap
 
