@@ -201,13 +201,15 @@ def _block_match(
         wgrid = inside.reshape(nby, bs, nbx, bs)[::k, :, ::k].transpose(1, 3, 0, 2)
         weights = jnp.asarray(wgrid.reshape(1, bs, bs, -1))
 
+    geometry = _search.Blocks(None, weights, *map(jnp.asarray, (corners, lo, hi)))
+
     def cut(cur_p):
         grid = cur_p.reshape(ch, nby, bs, nbx, bs)[:, ::k, :, ::k]
         cur_b = lax.optimization_barrier(grid.transpose(0, 2, 4, 1, 3).reshape(ch, bs, bs, -1))
-        return _search.Blocks(cur_b, weights, *map(jnp.asarray, (corners, lo, hi)))
+        return geometry._replace(cur=cur_b)
 
     # Step 2: per-block search from the (clipped) initial motion.
-    start = jnp.clip(jnp.asarray(init_motion, jnp.int32)[:, None], jnp.asarray(lo), jnp.asarray(hi))
+    start = jnp.clip(jnp.asarray(init_motion, jnp.int32)[:, None], geometry.lo, geometry.hi)
     if search == "diamond" and k == 1:
         # From a zero start (a steady camera) most blocks never move: their
         # costs come from whole-plane passes and only the blocks that move
@@ -216,7 +218,7 @@ def _block_match(
         def steady(prev_p, cur_p):
             costs = _search.plane_ssd(cur_p, prev_p, pad, bs, inside if (eh or ew) else None)
             return _search.steady_diamond_search(
-                prev_p, cur_p, cut(cur_p)._replace(cur=None), costs,
+                prev_p, cur_p, geometry, costs,
                 pad=pad, block_size=bs, max_steps=max_steps,
             )  # fmt: skip
 
