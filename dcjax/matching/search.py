@@ -87,7 +87,7 @@ class Blocks(NamedTuple):
         hi: int32 ``(2, n)`` largest admissible vector per block.
     """
 
-    cur: jax.Array
+    cur: jax.Array | None
     weights: jax.Array | None
     corners: jax.Array
     lo: jax.Array
