@@ -9,6 +9,12 @@ Contract:
 - `run_if(pred, fn, operands, init)` returns ``fn(*operands)`` where ``pred``
   holds and ``init`` where it does not; ``fn``'s result has ``init``'s
   structure, shapes and dtypes.
+- `skipping_pays()` says whether such data-dependent skipping is worth it on
+  the default backend. On CPU it is. On GPU a loop with a dynamic trip count
+  copies its predicate to the host at every test (and a conditional once),
+  which stalls the stream for longer than the small pieces of work that the
+  callers skip (a roll of a cache, a fallback search) take there; so on GPU
+  and TPU callers do the work unconditionally, or in loops of static length.
 
 Why loops and not `lax.cond`: XLA:CPU copies the operand a conditional's branch
 passes through into the conditional's result buffer, where a loop carry keeps
@@ -27,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["pinned", "run_if"]
+__all__ = ["pinned", "run_if", "skipping_pays"]
 
 
 def pinned(operands: Any, i: jax.Array) -> Any:
@@ -41,3 +47,8 @@ def run_if(pred: jax.Array, fn: Callable[..., Any], operands: tuple, init: Any) 
     return lax.fori_loop(
         0, jnp.asarray(pred).astype(jnp.int32), lambda i, _: fn(*pinned(operands, i)), init
     )
+
+
+def skipping_pays() -> bool:
+    """Whether data-dependent loops and conditionals pay on the default backend."""
+    return jax.default_backend() == "cpu"

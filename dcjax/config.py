@@ -178,8 +178,8 @@ class Config:
             per-channel elementwise chain after it (batch norm, bias,
             activation), so that reused pixels skip that chain too and no
             separate pass over the map is left for it (see
-            `dcjax.kernels.Epilogue`). Not with Pallas kernels or semantic
-            exits, where it is off whatever this says.
+            `dcjax.kernels.Epilogue`). Not with the Pallas TPU kernel or
+            semantic exits, where it is off whatever this says.
         skip_unchanged: when every input pixel is reusable and the motion is
             zero (a still scene), return the previous output and keep every
             cache as it is, without running the network: every layer's mask is

@@ -43,7 +43,7 @@ import numpy as np
 from jax import lax
 
 from dcjax import kernels, matching
-from dcjax._loops import pinned
+from dcjax._loops import pinned, skipping_pays
 from dcjax.config import Config, RefineConfig, SemanticConfig
 from dcjax.matching.types import Match
 from dcjax.transforms import refine as refine_lib
@@ -172,11 +172,11 @@ class CachedModel:
                     strict=True,
                 )
             )
-        fused = (
-            config.fuse_epilogues
-            and config.semantic is None
-            and not config.kernel.startswith("pallas")
+        # the Pallas TPU kernel takes no epilogue (`dcjax.kernels.masked`)
+        tpu_pallas = config.kernel == "pallas_tpu" or (
+            config.kernel == "pallas" and jax.default_backend() == "tpu"
         )
+        fused = config.fuse_epilogues and config.semantic is None and not tpu_pallas
         self.epilogues: tuple[tuple[str, ...], ...] = tuple(
             chain if fused and keep else ()
             for chain, keep in zip(
@@ -684,7 +684,10 @@ def _shift(a: jax.Array, dy: jax.Array, dx: jax.Array, axes: tuple[int, int]) ->
     operand into its result buffer, which cost ~15 ms a frame on ResNet-50
     (76.9 -> 62.6 ms, ``dcjax bench --models resnet50 --videos vtest``), while
     a loop carry keeps its buffer, so the kernels update the cache in place.
+    Off CPU the roll runs unconditionally (`dcjax._loops.skipping_pays`).
     """
+    if not skipping_pays():  # on GPU a roll costs less than the loop's test
+        return jnp.roll(a, (-dy, -dx), axis=axes)
     moved = ((dy != 0) | (dx != 0)).astype(jnp.int32)
     return lax.fori_loop(0, moved, lambda _, a: jnp.roll(a, (-dy, -dx), axis=axes), a)
 

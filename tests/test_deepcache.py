@@ -13,6 +13,7 @@ import pytest
 from skimage import data, transform
 
 from dcjax import deepcache
+from tests.kernels._strategies import all_eqns
 from tests.transforms import small_models
 
 SIZE = 32
@@ -631,3 +632,60 @@ def test_skip_unchanged_under_vmap_matches_single_streams():
 def test_skip_unchanged_is_a_bool():
     with pytest.raises(ValueError, match="skip_unchanged"):
         deepcache.Config(skip_unchanged=1)
+
+
+@pytest.mark.parametrize("name", ["resnet50", "yolo_tiny", "efficientnet_lite0"])
+def test_step_lowers_for_gpu_with_pallas_kernels_and_epilogues(name, monkeypatch):
+    """Under ``kernel="auto"`` on a GPU every cached layer is a Triton kernel with
+    its epilogue (residual adds, leaky ReLU, ReLU6) inside, and no loop of the
+    step has a data-dependent trip count (each would stall the stream).
+
+    Lowering for CUDA needs no GPU: the GPU's choices are made by tracing with
+    the default backend reported as ``"gpu"``.
+    """
+    from dcjax import models
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    shape = (64, 64, 3)
+    module, variables = models.create(name, input_size=shape[:2], width=0.25)
+    cached = deepcache.transform(module, variables, frame_shape=shape)
+    assert all(cached.epilogues)
+    frame = jax.ShapeDtypeStruct(shape, jnp.uint8)
+    text = jax.jit(cached.step).trace(cached.init(), frame).lower(lowering_platforms=("cuda",))
+    text = text.as_text()
+    assert text.count("xla.gpu.triton") == len(cached.layers)
+    assert text.count("stablehlo.while") == 1  # the diamond search's static steps
+
+
+def test_convolutions_with_an_explicit_precision_are_reused_at_that_precision():
+    """A model traced under ``jax.default_matmul_precision("highest")`` carries the
+    precision in its convolutions: they still go through the sparse kernels (and
+    fuse their epilogues), whose own products keep that precision."""
+    dn = ("NHWC", "HWIO", "NHWC")
+    keys = jax.random.split(jax.random.key(4), 2)
+    params = {
+        "w1": jax.random.normal(keys[0], (3, 3, 3, 8)),
+        "w2": jax.random.normal(keys[1], (3, 3, 8, 4)),
+    }
+
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn)
+
+    def model(p, x):
+        with jax.default_matmul_precision("highest"):
+            return conv(jax.nn.relu(conv(x, p["w1"])), p["w2"])
+
+    cached = deepcache.transform(
+        model, params, frame_shape=(SIZE, SIZE, 3), config=deepcache.Config(kernel="xla")
+    )
+    assert cached.epilogues[0] == ("custom_jvp_call",)
+    state, frame = cached.init(), _photo(SIZE, 2)
+    traced = jax.make_jaxpr(lambda s, f: cached.step(s, f))(state, frame)
+    convs = [e for e in all_eqns(traced.jaxpr) if e.primitive.name == "conv_general_dilated"]
+    # each layer's tile convolution and dense fallback (not one dense call and a select)
+    assert len(convs) == 2 * len(cached.layers) == 4
+    assert all(e.params["precision"] == (jax.lax.Precision.HIGHEST,) * 2 for e in convs)
+    ref = jax.jit(lambda f: model(params, f[None]))
+    for f in (frame, frame):
+        out, state, _ = cached.step(state, f)
+        _close(out, ref(f))

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dcjax.kernels import auto as _auto
+from dcjax.kernels import pallas_gpu
 from dcjax.kernels import rows as _rows
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.masked import masked_conv
@@ -82,19 +83,32 @@ def _work(impl: str, mask: jax.Array, p: _tiles.TilePlan) -> float:
 
 
 def _time_interleaved(
-    fns: Sequence[tuple[Callable[[], tuple], Callable[..., jax.Array]]], reps: int
+    fns: Sequence[tuple[Callable[[], tuple], Callable[..., jax.Array]]], reps: int, calls: int = 1
 ) -> list[tuple[float, float]]:
-    """(median, min) ms of each ``call(*prepare())``; ``prepare`` is not timed."""
+    """(median, min) ms of each ``call(*prepare())``; ``prepare`` is not timed.
+
+    With ``calls > 1`` each sample is that many calls queued back to back (the
+    output of one is the cache of the next where the call takes a cache, as
+    in a stream), divided by ``calls``: on an accelerator this times the
+    device's work instead of one call's dispatch and synchronisation.
+    """
+
+    def sample(prepare, call):
+        args = jax.block_until_ready(prepare())
+        t0 = time.perf_counter()
+        out = call(*args)
+        for _ in range(calls - 1):
+            out = call(*args[:-1], out) if len(args) == 4 else call(*args)
+        jax.block_until_ready(out)
+        return (time.perf_counter() - t0) / calls
+
     for prepare, call in fns:
         for _ in range(3):
-            jax.block_until_ready(call(*prepare()))
+            sample(prepare, call)
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
         for i, (prepare, call) in enumerate(fns):
-            args = jax.block_until_ready(prepare())
-            t0 = time.perf_counter()
-            jax.block_until_ready(call(*args))
-            times[i].append(time.perf_counter() - t0)
+            times[i].append(sample(prepare, call))
     return [(statistics.median(t) * 1e3, min(t) * 1e3) for t in times]
 
 
@@ -107,6 +121,8 @@ def run(
     batch: int = 1,
     seed: int = 0,
     donate: bool = True,
+    precision: str = "highest",
+    calls: int = 1,
 ) -> list[dict]:
     """Time every (layer, fraction, impl, tile); returns one record per combination.
 
@@ -114,6 +130,15 @@ def run(
     before each timed call, untimed), as in a jitted step that carries its
     caches in donated state or a `lax.scan`: the kernel then updates the cache
     in place. Without it every call also copies the whole cache.
+
+    ``precision`` is the matmul precision every implementation is compiled
+    under (`jax.default_matmul_precision`): on GPU ``"default"`` lets XLA and
+    the Pallas kernel use TF32 tensor cores, ``"highest"`` asks for float32.
+    ``calls`` queues that many calls per timed sample (see `_time_interleaved`;
+    the command line's default on GPU and TPU is 20). Before timing, each
+    implementation's output is checked against the dense convolution computed
+    at ``"highest"``: ``max_rel_err`` is the largest error
+    on the non-reusable pixels over the output's largest magnitude.
     """
     rng = np.random.default_rng(seed)
     records = []
@@ -124,14 +149,17 @@ def run(
         w = jnp.asarray(rng.normal(size=(k, k, cin // g, cout)) / k, jnp.float32)
         kw = dict(strides=(s, s), padding=pad, groups=g)
         with jax.default_matmul_precision("highest"):
+            exact = np.asarray(jax.jit(lambda x, w, kw=kw: conv(x, w, **kw))(x, w))
+        with jax.default_matmul_precision(precision):
             dense_fn = jax.jit(lambda x, w, kw=kw: conv(x, w, **kw))
-            cached = dense_fn(x, w)
+            cached = dense_fn(x, w) + 1.0  # so that reused pixels differ from fresh ones
         _, ho, wo, _ = cached.shape
+        scale = float(np.abs(exact).max())
         block = max(1, round(10 / (total_stride * s)))
         compiled = {}
         for impl in impls:
             for t in tiles:
-                with jax.default_matmul_precision("highest"):
+                with jax.default_matmul_precision(precision):
                     compiled[(impl, t)] = jax.jit(
                         lambda x, w, m, c, impl=impl, t=t, kw=kw: masked_conv(
                             x, w, m, c, impl=impl, tile=t, **kw
@@ -149,13 +177,19 @@ def run(
                     return a
                 return (*a[:3], jnp.array(a[3], copy=True))
 
+            errors = {}
+            for key in keys:
+                out = np.asarray(compiled[key](*prepare()))
+                errors[key] = float(np.abs(out - exact)[~m].max(initial=0.0)) / scale
             fns = [(lambda a=(x, w): a, dense_fn)] + [(prepare, compiled[key]) for key in keys]
-            times = _time_interleaved(fns, reps)
+            times = _time_interleaved(fns, reps, calls)
             dense_ms, dense_min = times[0]
             for key, (t_ms, t_min) in zip(keys, times[1:], strict=True):
                 impl, t = key
                 p = _tiles.plan(x.shape, w.shape, tile=t, **kw)
                 auto_impl = _auto.choose(p, backend)[0]
+                if impl.startswith("pallas") and backend != "tpu":
+                    p = pallas_gpu.tile_plan(x.shape, w.shape, tile=t, **kw)
                 if impl == "auto":
                     impl = "auto:" + auto_impl
                 ideal = dense_ms * pix
@@ -168,7 +202,10 @@ def run(
                     tile_dirty=float(_tiles.dirty_fraction(mask, p=p)),
                     work=_work(impl, mask, p),
                     impl=impl,
+                    precision=precision,
+                    max_rel_err=errors[key],
                     donated=donate,
+                    calls=calls,
                     auto=auto_impl,
                     tile=[p.th, p.tw],
                     dense_ms=dense_ms,
@@ -189,7 +226,7 @@ def _table(records: list[dict]) -> str:
     head = (
         f"{'layer':<15}{'impl':<11}{'tile':>6}{'dirty%':>7}{'tiles%':>7}{'work%':>6}"
         f"{'dense ms':>9}{'ms':>8}{'ideal':>8}{'speedup':>8}{'eff':>6}"
-        f"{'| min: dense':>12}{'ms':>8}{'speedup':>8}{'eff':>6}"
+        f"{'| min: dense':>12}{'ms':>8}{'speedup':>8}{'eff':>6}{'rel err':>9}"
     )
     lines = [head, "-" * len(head)]
     for r in records:
@@ -200,7 +237,7 @@ def _table(records: list[dict]) -> str:
             f"{r['dense_ms']:>9.3f}{r['ms']:>8.3f}{r['ideal_ms']:>8.3f}"
             f"{r['speedup']:>8.2f}{'' if eff != eff else f'{eff:.2f}':>6}"
             f"{r['dense_ms_min']:>12.3f}{r['ms_min']:>8.3f}{r['speedup_min']:>8.2f}"
-            f"{'' if eff_min != eff_min else f'{eff_min:.2f}':>6}"
+            f"{'' if eff_min != eff_min else f'{eff_min:.2f}':>6}{r['max_rel_err']:>9.1e}"
         )
     return "\n".join(lines)
 
@@ -258,6 +295,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--out", default="bench-results/kernels.json")
     ap.add_argument(
+        "--calls",
+        type=int,
+        default=None,
+        help="calls queued per timed sample (default 1 on CPU, 20 on GPU and TPU)",
+    )
+    ap.add_argument(
+        "--precision",
+        default="highest",
+        choices=("default", "high", "highest"),
+        help="matmul precision of every implementation (GPU: default and high use TF32)",
+    )
+    ap.add_argument(
         "--no-donate",
         action="store_true",
         help="do not donate the cache buffer (every call then also copies the cache)",
@@ -277,10 +326,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         tiles=tiles,
         batch=args.batch,
         donate=not args.no_donate,
+        precision=args.precision,
+        calls=args.calls or (1 if jax.default_backend() == "cpu" else 20),
     )
     print(
         f"backend {jax.default_backend()}, devices {jax.devices()}, cache donated: "
-        f"{not args.no_donate}, times in ms (median and min of {args.reps} interleaved runs)"
+        f"{not args.no_donate}, precision {args.precision}, times in ms (median and min of "
+        f"{args.reps} interleaved runs); rel err: against float32 on the fresh pixels"
     )
     print(_table(records))
     print()

@@ -16,17 +16,20 @@ mode, a bias, an activation) and ``pixel_operands`` shaped like the output (a
 residual branch added in). The sparse kernels apply it to the rows or tiles
 they compute, before the scatter, so the reused pixels skip the epilogue as
 well as the convolution, and no separate pass over the whole map is left for
-it. The Pallas kernels take no epilogue: with one, ``masked_conv`` computes the
-reference (dense, epilogue, select) instead.
+it. The Pallas GPU kernel applies it inside the kernel; the Pallas TPU kernel
+takes none: with one, ``masked_conv`` computes the reference (dense, epilogue,
+select) instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from dcjax.kernels import auto as _auto
 from dcjax.kernels import tiles as _tiles
@@ -149,7 +152,9 @@ def masked_conv(
         impl, auto_tile = _auto.choose(p, jax.default_backend(), scattered)
         if tile is None and auto_tile is not None:
             tile = auto_tile
-    if impl == "reference" or (epilogue is not None and impl.startswith("pallas")):
+    if impl == "pallas":
+        impl = "pallas_tpu" if jax.default_backend() == "tpu" else "pallas_gpu"
+    if impl == "reference" or (epilogue is not None and impl == "pallas_tpu"):
         if epilogue is None:
             return reference_masked_conv(x, w, reuse_mask, cached, **kwargs)
         fresh = epilogue(conv(x, w, **kwargs))
@@ -161,8 +166,6 @@ def masked_conv(
         return rows_masked_conv(x, w, reuse_mask, cached, epilogue=epilogue, **kwargs)
     if impl in ("xla", "rows"):  # rows computes ungrouped convolutions only
         return xla_masked_conv(x, w, reuse_mask, cached, tile=tile, epilogue=epilogue, **kwargs)
-    if impl == "pallas":
-        impl = "pallas_tpu" if jax.default_backend() == "tpu" else "pallas_gpu"
     if not interpret and jax.default_backend() != {"pallas_gpu": "gpu", "pallas_tpu": "tpu"}[impl]:
         raise ValueError(
             f"dcjax: masked_conv impl={impl!r} compiles only on "
@@ -170,10 +173,12 @@ def masked_conv(
             f"{jax.default_backend()!r}; pass interpret=True to run it in interpret mode"
         )
     if impl == "pallas_gpu":
-        from dcjax.kernels.pallas_gpu import pallas_gpu_masked_conv
+        from dcjax.kernels import pallas_gpu
 
-        return pallas_gpu_masked_conv(
-            x, w, reuse_mask, cached, tile=tile, interpret=interpret, **kwargs
+        if not pallas_gpu.supports(w.shape, groups):
+            return xla_masked_conv(x, w, reuse_mask, cached, tile=tile, epilogue=epilogue, **kwargs)
+        return pallas_gpu.pallas_gpu_masked_conv(
+            x, w, reuse_mask, cached, tile=tile, interpret=interpret, epilogue=epilogue, **kwargs
         )
     from dcjax.kernels.pallas_tpu import pallas_tpu_masked_conv
 
@@ -197,10 +202,32 @@ def _plain(params) -> bool:
 
 def plain_conv(params) -> bool:
     """Whether a ``conv_general_dilated`` with these params goes through `masked_conv`:
-    NHWC/HWIO, no input dilation or batch groups, default precision."""
+    NHWC/HWIO, no input dilation or batch groups, no preferred element type, and
+    a precision that is None or `lax.Precision` values (`_precision_name`)."""
     return (
-        _plain(params) and params["precision"] is None and params["preferred_element_type"] is None
+        _plain(params)
+        and params["preferred_element_type"] is None
+        and _precision_name(params["precision"]) is not False
     )
+
+
+_PRECISION_NAMES = {
+    lax.Precision.DEFAULT: "default",
+    lax.Precision.HIGH: "high",
+    lax.Precision.HIGHEST: "highest",
+}
+
+
+def _precision_name(precision) -> str | None | bool:
+    """The `jax.default_matmul_precision` name of a convolution's ``precision``
+    param (the higher of a pair), None for none, False for a dot algorithm."""
+    if precision is None:
+        return None
+    pair = precision if isinstance(precision, tuple) else (precision, precision)
+    if not all(p is None or p in _PRECISION_NAMES for p in pair):
+        return False
+    order = list(_PRECISION_NAMES)
+    return _PRECISION_NAMES[max((p or lax.Precision.DEFAULT for p in pair), key=order.index)]
 
 
 def dense_conv_eqn(eqn, invals) -> jax.Array:
@@ -244,13 +271,17 @@ def masked_conv_eqn(
     x, w = invals
     plain = plain_conv(p)
     if impl != "reference" and plain:
-        return masked_conv(
-            x, w, jnp.broadcast_to(mask, (x.shape[0], *mask.shape)), cached,
-            strides=p["window_strides"], padding=p["padding"], dilation=p["rhs_dilation"],
-            groups=p["feature_group_count"], impl=impl,
-            interpret=impl == "pallas" and jax.default_backend() == "cpu", scattered=scattered,
-            epilogue=epilogue,
-        )  # fmt: skip
+        # An explicit precision (jax.default_matmul_precision("highest") around
+        # the traced model) holds for every product the kernels compute.
+        name = _precision_name(p["precision"])
+        with contextlib.nullcontext() if name is None else jax.default_matmul_precision(name):
+            return masked_conv(
+                x, w, jnp.broadcast_to(mask, (x.shape[0], *mask.shape)), cached,
+                strides=p["window_strides"], padding=p["padding"], dilation=p["rhs_dilation"],
+                groups=p["feature_group_count"], impl=impl,
+                interpret=impl == "pallas" and jax.default_backend() == "cpu",
+                scattered=scattered, epilogue=epilogue,
+            )  # fmt: skip
     dense = eqn.primitive.bind(x, w, **p)
     if epilogue is not None:
         if not _plain(p):

@@ -22,7 +22,7 @@ Tested in interpret mode (`pltpu.InterpretParams`) only: no TPU was available.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,12 +31,56 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from dcjax.kernels import tiles as _tiles
-from dcjax.kernels._pallas_common import tile_conv
 
 #: Tile used when none is given: 8 x 8 output pixels (see the module docstring).
 DEFAULT_TILE = (8, 8)
 
 __all__ = ["DEFAULT_TILE", "pallas_tpu_masked_conv"]
+
+
+def _tile_conv(
+    load: Callable[[int, int], jax.Array], w: jax.Array, p: _tiles.TilePlan
+) -> jax.Array:
+    """Implicit-GEMM convolution of one tile; (th * tw, Cout) float32.
+
+    ``load(ky, kx)`` (``ky`` may be traced: the kernel rows are a
+    `lax.fori_loop`, the columns unrolled) returns the (th, tw, Cin) input
+    pixels that kernel tap (ky, kx) multiplies (the window already strided and
+    dilated). Each tap is one (th*tw, Cin/g) x (Cin/g, Cout/g) matrix product
+    per group; depthwise convolutions (one input channel per group) are a
+    per-channel multiply-add instead.
+    """
+    m = p.th * p.tw
+    g = p.groups
+    cig = p.cin // g
+    cog = p.cout // g
+
+    def row(ky, acc):
+        for kx in range(p.kw):
+            a = load(ky, kx).reshape(m, p.cin).astype(jnp.float32)
+            wt = w[ky, kx].astype(jnp.float32)  # (cig, cout)
+            if g == 1:
+                acc = acc + jnp.dot(a, wt, preferred_element_type=jnp.float32)
+            elif cig == 1:
+                # Depthwise: output channel o reads input channel o // cog.
+                a_rep = jnp.repeat(a, cog, axis=1) if cog > 1 else a
+                acc = acc + a_rep * wt[0][None, :]
+            else:
+                parts = [
+                    jnp.dot(
+                        a[:, i * cig : (i + 1) * cig],
+                        wt[:, i * cog : (i + 1) * cog],
+                        preferred_element_type=jnp.float32,
+                    )
+                    for i in range(g)
+                ]
+                acc = acc + jnp.concatenate(parts, axis=1)
+        return acc
+
+    acc = jnp.zeros((m, p.cout), jnp.float32)
+    if p.kh == 1:
+        return row(0, acc)
+    return lax.fori_loop(0, p.kh, row, acc)
 
 
 def _kernel(p: _tiles.TilePlan):
@@ -62,7 +106,7 @@ def _kernel(p: _tiles.TilePlan):
                     :,
                 ]
 
-            acc = tile_conv(load, w_ref[...], p)
+            acc = _tile_conv(load, w_ref[...], p)
             o_ref[0] = acc.reshape(p.th, p.tw, p.cout).astype(o_ref.dtype)
 
     return kernel

@@ -54,6 +54,7 @@ __all__ = [
     "TilePlan",
     "default_tile",
     "dirty_fraction",
+    "dirty_tile_indices",
     "dirty_tile_list",
     "normalize_padding",
     "pad_input",
@@ -252,36 +253,54 @@ def schedule(n_dirty: jax.Array, p: TilePlan) -> tuple[jax.Array, jax.Array]:
     return dense, chunks.astype(jnp.int32)
 
 
-def dirty_tile_list(dirty: jax.Array, p: TilePlan, capacity: int) -> jax.Array:
-    """Int32 (capacity, 3) rows ``(n, oy, ox)``: clamped output origins of dirty tiles.
+def dirty_tile_indices(dirty: jax.Array, p: TilePlan, capacity: int) -> tuple[jax.Array, ...]:
+    """Int32 ``(n, ty, tx)``, each (capacity,): the indices of the dirty tiles, in order.
 
     Slots past the number of dirty tiles repeat the last listed dirty tile, so
-    that writing them again is harmless (all zeros-origin when none is dirty).
+    that computing them again is harmless (tile 0 when none is dirty).
     """
     flat = dirty.reshape(-1)
     (idx,) = jnp.nonzero(flat, size=capacity, fill_value=0)
     count = jnp.minimum(flat.sum(), capacity)
     last = idx[jnp.maximum(count - 1, 0)]
     idx = jnp.where(jnp.arange(capacity) < count, idx, last).astype(jnp.int32)
-    n = idx // (p.nty * p.ntx)
     rem = idx % (p.nty * p.ntx)
-    oy = jnp.minimum((rem // p.ntx) * p.th, p.ho - p.th)
-    ox = jnp.minimum((rem % p.ntx) * p.tw, p.wo - p.tw)
+    return idx // (p.nty * p.ntx), rem // p.ntx, rem % p.ntx
+
+
+def dirty_tile_list(dirty: jax.Array, p: TilePlan, capacity: int) -> jax.Array:
+    """Int32 (capacity, 3) rows ``(n, oy, ox)``: clamped output origins of dirty tiles.
+
+    Slots past the number of dirty tiles repeat the last listed dirty tile (see
+    `dirty_tile_indices`).
+    """
+    n, ty, tx = dirty_tile_indices(dirty, p, capacity)
+    oy = jnp.minimum(ty * p.th, p.ho - p.th)
+    ox = jnp.minimum(tx * p.tw, p.wo - p.tw)
     return jnp.stack([n, oy, ox], axis=1).astype(jnp.int32)
 
 
-def pad_input(x: jax.Array, p: TilePlan, whole_tiles: bool = False) -> jax.Array:
+def pad_input(
+    x: jax.Array,
+    p: TilePlan,
+    whole_tiles: bool = False,
+    extent: tuple[int, int] | None = None,
+) -> jax.Array:
     """Pad (or crop) x so that the window of every output tile lies inside it.
 
     The result has spatial size ``((Ho-1)*sy + eky, (Wo-1)*sx + ekx)``: the
     convolution's padded input, minus rows and columns no output reads. With
     ``whole_tiles`` the output extent is rounded up to whole tiles
-    (``nty*th``, ``ntx*tw``) so that unclamped tile windows fit too; the extra
-    rows and columns are zeros.
+    (``nty*th``, ``ntx*tw``) so that unclamped tile windows fit too; ``extent``
+    gives that output extent ``(rows, cols)`` explicitly. The extra rows and
+    columns are zeros.
     """
     (ply, _), (plx, _) = p.pads
-    ho = p.nty * p.th if whole_tiles else p.ho
-    wo = p.ntx * p.tw if whole_tiles else p.wo
+    if extent is not None:
+        ho, wo = extent
+    else:
+        ho = p.nty * p.th if whole_tiles else p.ho
+        wo = p.ntx * p.tw if whole_tiles else p.wo
     need_h = (ho - 1) * p.strides[0] + (p.kh - 1) * p.dilation[0] + 1
     need_w = (wo - 1) * p.strides[1] + (p.kw - 1) * p.dilation[1] + 1
     zero = jnp.zeros((), x.dtype)

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from dcjax._loops import run_if
+from dcjax._loops import run_if, skipping_pays
 from dcjax.matching import search as _search
 from dcjax.matching.static import (
     _peak,
@@ -210,7 +210,7 @@ def _block_match(
 
     # Step 2: per-block search from the (clipped) initial motion.
     start = jnp.clip(jnp.asarray(init_motion, jnp.int32)[:, None], geometry.lo, geometry.hi)
-    if search == "diamond" and k == 1:
+    if search == "diamond" and k == 1 and skipping_pays():
         # From a zero start (a steady camera) most blocks never move: their
         # costs come from whole-plane passes and only the blocks that move
         # gather windows (`steady_diamond_search`). Any other start, or more

@@ -46,6 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from dcjax._loops import skipping_pays
+
 # Large diamond search pattern (Zhu & Ma 1997) around the centre (0, 0).
 LARGE_DIAMOND = ((-2, 0), (2, 0), (0, -2), (0, 2), (-1, -1), (-1, 1), (1, -1), (1, 1))
 # Small diamond search pattern around the centre.
@@ -329,7 +331,12 @@ def tail_capacity(n: int) -> int:
 
 
 def diamond_search(
-    prev_p: jax.Array, blocks: Blocks, start: jax.Array, *, max_steps: int
+    prev_p: jax.Array,
+    blocks: Blocks,
+    start: jax.Array,
+    *,
+    max_steps: int,
+    fixed_steps: bool | None = None,
 ) -> SearchResult:
     """Diamond search (Zhu & Ma 1997): large diamond until the centre wins, then small.
 
@@ -347,6 +354,11 @@ def diamond_search(
     size) and a second loop steps only those. The result is the same as
     stepping every block until all stop.
 
+    With ``fixed_steps`` (the default off CPU, see `dcjax._loops.skipping_pays`)
+    every block takes all ``max_steps`` steps in a loop of static length
+    instead: a block that stopped re-scores its diamond and stays, so the
+    result is the same, and no step count goes to the host.
+
     Args:
         prev_p: (C, Hp, Wp) padded previous plane; the pad must be at least
             ``search_range + 2``.
@@ -362,6 +374,14 @@ def diamond_search(
         _, best, start_ssd = _first(prev_p, blocks, start, SMALL_DIAMOND, 1)
         return SearchResult(jnp.stack([best.dy, best.dx]), best.cost, start, start_ssd)
     moved, best, start_ssd = _first(prev_p, blocks, start, LARGE_DIAMOND, 2)
+    if fixed_steps is None:
+        fixed_steps = not skipping_pays()
+    if fixed_steps:
+        best = lax.fori_loop(
+            1, max_steps, lambda _, b: _step(prev_p, blocks, b, LARGE_DIAMOND, 2)[1], best
+        )
+        _, best, _ = _step(prev_p, blocks, best, SMALL_DIAMOND, 1)
+        return SearchResult(jnp.stack([best.dy, best.dx]), best.cost, start, start_ssd)
     cap = tail_capacity(n)
 
     def body(state):

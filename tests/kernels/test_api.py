@@ -133,7 +133,7 @@ def test_auto_runs_small_layers_dense_on_cpu() -> None:
     assert auto.choose(big, "cpu")[0] == "xla"
     pointwise = plan((1, 56, 56, 256), (1, 1, 256, 64), strides=(1, 1), padding="SAME")
     assert auto.choose(pointwise, "cpu")[0] == "rows"
-    assert auto.choose(small, "gpu")[0] == "xla"
+    assert auto.choose(small, "gpu")[0] == "pallas_gpu"
     depthwise = plan((1, 56, 56, 64), (3, 3, 1, 64), strides=(1, 1), padding="SAME", groups=64)
     grouped = plan((1, 27, 27, 96), (5, 5, 48, 256), strides=(1, 1), padding="SAME", groups=2)
     assert auto.choose(grouped, "cpu")[0] == "xla"  # rows computes ungrouped layers only
@@ -164,7 +164,7 @@ def test_epilogue_is_applied_to_fresh_pixels_only(impl: str, dense_path: bool) -
     is_cached = (out == cached).all(-1)
     # a cached pixel is the cached epilogue output, never passed through it again
     assert (is_fresh | is_cached)[mask].all()
-    if impl in ("xla", "rows") and not dense_path:
+    if impl in ("xla", "rows", "pallas") and not dense_path:
         assert is_cached[mask].mean() > 0.5 and not is_fresh[is_cached & mask].any()
 
 

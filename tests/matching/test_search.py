@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from dcjax.matching import block as B
 from dcjax.matching import match
 from dcjax.matching import search as S
+from tests.kernels._strategies import all_eqns
 from tests.matching.frames import blocks, brute_force, degrade, luma, photo, shifted_pair, smooth
 
 R = 7  # the default search range
@@ -375,3 +376,45 @@ def test_diamond_search_under_vmap_matches_single_streams():
             np.asarray(batched.block_vectors[k]), np.asarray(one.block_vectors)
         )
         np.testing.assert_allclose(np.asarray(batched.block_psnr[k]), np.asarray(one.block_psnr))
+
+
+@pytest.mark.parametrize("start", [(0, 0), (2, -1)])
+def test_fixed_step_diamond_equals_the_stopping_one(start):
+    """The loop of static length (GPU) finds exactly what stepping until every
+    block stops finds, stragglers compacted or not."""
+    prev_p, b = _random_blocks(100, seed=1)
+    s = jnp.broadcast_to(jnp.asarray(start, jnp.int32)[:, None], (2, 100))
+
+    def run(fixed):
+        return jax.jit(lambda p, s: S.diamond_search(p, b, s, max_steps=8, fixed_steps=fixed))(
+            prev_p, s
+        )
+
+    stopping, fixed = run(False), run(True)
+    np.testing.assert_array_equal(np.asarray(fixed.vectors), np.asarray(stopping.vectors))
+    np.testing.assert_array_equal(np.asarray(fixed.ssd), np.asarray(stopping.ssd))
+    assert (np.asarray(stopping.vectors) != np.asarray(s)).any()  # blocks did move
+
+
+def test_matcher_off_cpu_has_no_data_dependent_loops(monkeypatch):
+    """Where skipping does not pay (GPU), the diamond matcher searches every block
+    by windows in one loop of static length, and finds what the CPU path finds."""
+    prev, cur = _moving_patch("coffee", seed=4)
+    cpu = _call(B._block_match, prev, cur)
+    for mod in (B, S):
+        monkeypatch.setattr(mod, "skipping_pays", lambda: False)
+    fn, _ = _window_only_match()  # a fresh jit, which sees the patch
+    args = (jnp.asarray(prev), jnp.asarray(cur), jnp.zeros(2, jnp.int32))
+    static = dict(block_size=10, search="diamond", max_steps=8, k_skip=1, reuse_scores=True,
+                  color="luma", search_range=R)  # fmt: skip
+    jaxpr = jax.make_jaxpr(
+        lambda p, c, i: B._block_match.__wrapped__(
+            p, c, i, jnp.float32(30.0), jnp.float32(255.0), **static
+        )
+    )(*args)
+    names = [e.primitive.name for e in all_eqns(jaxpr.jaxpr)]
+    assert "while" not in names and names.count("scan") == 1  # the steps, a static loop
+    gpu = _call(fn, prev, cur)
+    a, b = np.asarray(cpu.block_vectors), np.asarray(gpu.block_vectors)
+    assert (a != 0).any() and (a != b).any(-1).sum() <= 1  # as the steady-search test
+    np.testing.assert_array_equal(np.asarray(cpu.motion), np.asarray(gpu.motion))
