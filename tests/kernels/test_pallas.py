@@ -53,24 +53,24 @@ def _check(case: Case, out: np.ndarray, computed: np.ndarray | None) -> None:
     np.testing.assert_allclose(out[computed], ref[computed], rtol=1e-4, atol=1e-4)
 
 
-def _gpu(case: Case) -> None:
+def _run(case: Case, impl: str, interpret: bool) -> np.ndarray:
+    """``masked_conv`` on the case, products in float32."""
     with jax.default_matmul_precision("highest"):
         out = masked_conv(
-            case.x,
-            case.w,
-            case.mask,
-            case.cached,
-            impl="pallas_gpu",
-            tile=case.tile,
-            interpret=GPU_INTERPRET,
-            **case.kwargs,
-        )
+            case.x, case.w, case.mask, case.cached, impl=impl, tile=case.tile,
+            interpret=interpret, **case.kwargs,
+        )  # fmt: skip
+    return np.asarray(out)
+
+
+def _gpu(case: Case) -> None:
+    out = _run(case, "pallas_gpu", GPU_INTERPRET)
     computed = None  # a channel multiplier goes to the xla kernel
     if pallas_gpu.supports(case.w.shape, case.groups):
         computed = _nominal(
             case, pallas_gpu.tile_plan(case.x.shape, case.w.shape, tile=case.tile, **case.kwargs)
         )
-    _check(case, np.asarray(out), computed)
+    _check(case, out, computed)
 
 
 @SETTINGS
@@ -82,20 +82,11 @@ def test_pallas_gpu(case: Case) -> None:
 @SETTINGS
 @given(cases(max_k=5, max_hw=12, max_c=4))
 def test_pallas_tpu_interpret(case: Case) -> None:
-    out = masked_conv(
-        case.x,
-        case.w,
-        case.mask,
-        case.cached,
-        impl="pallas_tpu",
-        tile=case.tile,
-        interpret=True,
-        **case.kwargs,
-    )
+    out = _run(case, "pallas_tpu", True)
     tile = case.tile if case.tile is not None else TPU_DEFAULT_TILE
     _check(
         case,
-        np.asarray(out),
+        out,
         _nominal(case, plan(case.x.shape, case.w.shape, tile=tile, **case.kwargs)),
     )
 
@@ -124,15 +115,8 @@ def test_pallas_gpu_large_kernel_stride_dilation() -> None:
 
 def test_pallas_tpu_large_kernel_stride_dilation() -> None:
     for case in _large_cases():
-        out = masked_conv(
-            case.x, case.w, case.mask, case.cached, impl="pallas_tpu", tile=(2, 3),
-            interpret=True, **case.kwargs,
-        )  # fmt: skip
-        _check(
-            case,
-            np.asarray(out),
-            _nominal(case, plan(case.x.shape, case.w.shape, tile=(2, 3), **case.kwargs)),
-        )
+        p = plan(case.x.shape, case.w.shape, tile=case.tile, **case.kwargs)
+        _check(case, _run(case, "pallas_tpu", True), _nominal(case, p))
 
 
 #: (N, H, W, Cin, Cout, k, stride, groups, padding): layer geometries of the zoo
