@@ -188,6 +188,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--report", metavar="PATH", help="HTML report with plots")
     _add_size_args(bench)
 
+    prof = sub.add_parser("profile", help="where each method's time goes, layer by layer")
+    prof.add_argument("video", metavar="VIDEO", help="video file (or bundled clip name)")
+    prof.add_argument("--model", required=True, help="zoo model (see dcjax models)")
+    prof.add_argument("--pretrained", action="store_true", help="real weights (efficientnet_lite0)")
+    prof.add_argument(
+        "--methods",
+        nargs="+",
+        default=["nocache", "deepcache"],
+        metavar="METHOD",
+        help="method specs (default: nocache deepcache)",
+    )
+    prof.add_argument(
+        "--frames", type=_frames_int, default=20, help="frames, the first 5 untimed (default 20)"
+    )
+    prof.add_argument("--start", type=_nonnegative_int, default=0, help="frames to skip first")
+    prof.add_argument("--json", metavar="PATH", help="write the profiles here")
+    _add_size_args(prof)
+
     sub.add_parser("models", help="the model zoo with input shapes and FLOPs")
     return parser  # fmt: skip
 
@@ -198,7 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "cpus", None) is not None:
         _pin_cpus(_subparser(parser, args.command), args.cpus)
-    handler = {"demo": _demo, "run": _run, "bench": _bench, "models": _models}[args.command]
+    handler = {"demo": _demo, "run": _run, "bench": _bench, "models": _models,
+               "profile": _profile}[args.command]  # fmt: skip
     return handler(parser, args)
 
 
@@ -416,6 +435,66 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         video.write(args.out, _annotate(frames, masks), fps=fps)
         print(f"wrote {args.out}")
     return 0
+
+
+def _profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    sub = _subparser(parser, "profile")
+    _check_model(sub, "--model", args.model)
+    for m in args.methods:
+        _check_method(sub, "--methods", m)
+    if args.frames <= _PROFILE_WARMUP:
+        sub.error(f"argument --frames: needs more than {_PROFILE_WARMUP} (those are untimed)")
+    path = _check_video(sub, "VIDEO", args.video)
+    import json
+
+    from dcjax.eval import harness, methods, profile
+
+    spec, _ = _load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=10.0)
+    frames = harness.load_frames(path, spec.frame_shape, frames=args.frames, start=args.start)
+    results = []
+    for spec_text in _progress(args.methods, args.no_progress, f"profiling {args.model}"):
+        runner = methods.make_runner(spec, *methods.parse_method(spec_text))
+        try:
+            results.append((spec_text, profile.profile(runner, frames, warmup=_PROFILE_WARMUP)))
+        except ValueError as e:
+            sub.error(f"argument --methods: {e}")
+    print(_profile_table(results))
+    if args.json:
+        out = [{"model": args.model, "video": args.video, "method": m, **p.as_dict()}
+               for m, p in results]  # fmt: skip
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+#: Frames `dcjax profile` runs before it times.
+_PROFILE_WARMUP = 5
+
+
+def _progress(items, quiet: bool, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, unit="method", disable=quiet, leave=False)
+
+
+def _profile_table(results) -> str:
+    """One row per group, one column of ms a frame per method, then the totals."""
+    groups: list[str] = []
+    for _, p in results:
+        groups += [g for g in p.groups if g not in groups]
+    rows = [
+        {"group": g if len(g) <= 40 else "…" + g[-39:],
+         **{m: f"{p.groups[g]:.2f}" if g in p.groups else "-" for m, p in results}}
+        for g in groups
+    ]  # fmt: skip
+    rows.append({"group": "all operations", **{m: f"{p.total_ms:.2f}" for m, p in results}})
+    rows.append({"group": "wall time (median)", **{m: f"{p.wall_ms:.2f}" for m, p in results}})
+    note = ("ms a frame per group of operations (a loop counts with everything inside it); "
+            "operations may overlap on several threads, so they can add up to more than the "
+            "wall time")  # fmt: skip
+    return f"{_table(rows)}\n{note}"
 
 
 def _annotate(frames, masks):

@@ -274,6 +274,11 @@ class CachedModel:
         match = self._check_match(match, batched=False)
         return self._step_jit(self._traced.leaves, state, frame, match)
 
+    def _program(self, state: CacheState, frame: jax.Array) -> tuple[Any, tuple]:
+        """``(jitted, args)`` with ``jitted(*args) == step(state, frame)``, for profiling."""
+        frame = self._check_frame(frame, "frame", 3)
+        return self._step_jit, (self._traced.leaves, state, frame, None)
+
     def run(
         self,
         frames: jax.Array,
@@ -486,7 +491,8 @@ class CachedModel:
             if jnp.issubdtype(frame.dtype, jnp.floating)
             else jnp.bool_(True)
         )
-        m = self._match(state.prev_frame, frame, state.motion) if match is None else match
+        with jax.named_scope("dcjax.match"):
+            m = self._match(state.prev_frame, frame, state.motion) if match is None else match
         ratio = m.match_ratio if m.match_ratio is not None else m.mask.mean(dtype=jnp.float32)
         refresh = ~state.has_prev | (ratio < cfg.min_match) | ~finite
         if cfg.refresh_every is not None:

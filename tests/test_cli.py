@@ -39,6 +39,9 @@ TINY = ["--model", "dave", "--width", "0.25", "--frames", "3", "--no-progress"]
         (["bench", "--cpus", str(10**6)], "--cpus"),
         (["demo", "--width", "0"], "--width"),
         (["demo", "--video", "nowhere.avi"], "--video"),
+        (["profile", "vtest", "--model", "dave", "--frames", "5"], "--frames"),
+        (["profile", "vtest", "--model", "dave", "--methods", "bogus"], "--methods"),
+        (["profile", "nowhere.avi", "--model", "dave"], "VIDEO"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(argv, named, capsys):
@@ -82,6 +85,20 @@ def test_run_writes_json_and_annotated_video(tmp_path, capsys):
         assert r["model"] == "dave" and r["video"] == "vtest" and r["frames"] == 3
     assert video.info(mp4).frames == 3
     assert "speedup" in capsys.readouterr().out
+
+
+def test_profile_prints_where_the_time_goes_and_writes_json(tmp_path, capsys):
+    js = tmp_path / "profile.json"
+    argv = ["profile", "vtest", "--model", "dave", "--width", "0.25", "--frames", "7",
+            "--no-progress", "--json", str(js)]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "wall time (median)" in out and "dcjax.match" in out
+    records = json.loads(js.read_text())
+    assert [r["method"] for r in records] == ["nocache", "deepcache"]
+    for r in records:
+        assert r["model"] == "dave" and r["frames"] == 2 and r["wall_ms"] > 0
+        assert any(g.startswith("Dave/conv") for g in r["groups"]) and r["total_ms"] > 0
 
 
 def test_demo_writes_report(tmp_path, capsys):

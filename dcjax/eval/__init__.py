@@ -6,6 +6,8 @@
   the same frames), ``model_spec``, ``load_frames``;
 - `dcjax.eval.metrics`: the JSON record of one (model, video, method);
 - `dcjax.eval.bench`: the paper's evaluation (``dcjax bench``);
+- `dcjax.eval.profile`: where a method's time goes, layer by layer
+  (``dcjax profile``);
 - `dcjax.eval.plots` and `dcjax.eval.report`: matplotlib figures and the HTML
   report (imported on demand, they need matplotlib).
 """

@@ -8,6 +8,11 @@ layers inside `jit`, `remat` or custom-derivative calls are reused too.
 Primitives are bound through `lowering.bind`, which computes max pooling and
 constant powers in forms that XLA:CPU runs faster, with the same results.
 
+Each equation is evaluated inside a `jax.named_scope` of its name in the
+traced model (Flax's module path, ``AlexNet/conv3/conv``), so the compiled
+program's operations carry the layer they belong to (`dcjax.eval.profile`
+charges their time to layers).
+
 Every reused layer (a convolution by default) is handed to a ``reuse``
 callback with its output mask; the callback returns the layer's output
 (``where(R_out, shift(cache_{t-1}, M/s), op(x_t))``, computed sparsely by the
@@ -22,6 +27,7 @@ shift is rounded half up.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -193,63 +199,87 @@ def run_eqns(
     analysis = env.analysis
     eqns = analysis.jaxpr.jaxpr.eqns
     for i in range(start, stop):
-        eqn, info = eqns[i], analysis.eqns[i]
-        if info.fused_into is not None and _fused(analysis, info.fused_into, fuse):
-            if i == analysis.eqns[info.fused_into].epilogue[-1]:
-                layer, leqn, linvals, mask = env.pending.pop(i)
-                chain = analysis.eqns[info.fused_into].epilogue
-                epilogue, pixel_masks = _epilogue(env, leqn, chain)
-                mask = regions.and_all([mask, *pixel_masks])
-                out = reuse(layer, leqn, linvals, mask, epilogue)
-                env.write(eqn.outvars[0], out, mask)
-                if record is not None and info.out_sigs[0] is not None:
-                    record(_path + (i,), eqn.outvars[0], info.out_sigs[0], out, mask)
-            continue
-        invals, inmasks = zip(*(env.read(v) for v in eqn.invars)) if eqn.invars else ((), ())
-        if not info.dynamic:
-            outs, omasks = lowering.bind(eqn, invals), [True] * len(eqn.outvars)
-        elif info.sub is not None:
-            outs, omasks = evaluate(
-                info.sub, invals, inmasks, ctx, reuse, on_unsupported, record, _path + (i,),
-                refine, fuse,
-            )  # fmt: skip
+        pending = env.pending.get(i)  # a fused layer runs in its own scope
+        with _scope(eqns[i] if pending is None else pending[1]):
+            _run_eqn(env, i, ctx, reuse, on_unsupported, record, _path, refine, fuse)
+
+
+def _scope(eqn: jcore.JaxprEqn):
+    """The equation's name scope in the traced model (a no-op where it has none)."""
+    name = str(eqn.source_info.name_stack)
+    return jax.named_scope(name) if name else contextlib.nullcontext()
+
+
+def _run_eqn(
+    env: Env,
+    i: int,
+    ctx: FrameContext,
+    reuse: ReuseFn,
+    on_unsupported: Callable[[str], None] | None,
+    record: Callable[..., None] | None,
+    _path: tuple[int, ...],
+    refine: RefineFn | None,
+    fuse: Callable[[int], bool] | None,
+) -> None:
+    """Evaluate equation ``i`` of ``env.analysis`` into ``env`` (see `run_eqns`)."""
+    analysis = env.analysis
+    eqn, info = analysis.jaxpr.jaxpr.eqns[i], analysis.eqns[i]
+    if info.fused_into is not None and _fused(analysis, info.fused_into, fuse):
+        if i == analysis.eqns[info.fused_into].epilogue[-1]:
+            layer, leqn, linvals, mask = env.pending.pop(i)
+            chain = analysis.eqns[info.fused_into].epilogue
+            epilogue, pixel_masks = _epilogue(env, leqn, chain)
+            mask = regions.and_all([mask, *pixel_masks])
+            out = reuse(layer, leqn, linvals, mask, epilogue)
+            env.write(eqn.outvars[0], out, mask)
+            if record is not None and info.out_sigs[0] is not None:
+                record(_path + (i,), eqn.outvars[0], info.out_sigs[0], out, mask)
+        return
+    invals, inmasks = zip(*(env.read(v) for v in eqn.invars)) if eqn.invars else ((), ())
+    if not info.dynamic:
+        outs, omasks = lowering.bind(eqn, invals), [True] * len(eqn.outvars)
+    elif info.sub is not None:
+        outs, omasks = evaluate(
+            info.sub, invals, inmasks, ctx, reuse, on_unsupported, record, _path + (i,),
+            refine, fuse,
+        )  # fmt: skip
+    else:
+        if refine is not None and info.layer is not None:
+            inmasks = (refine(info.layer, invals[0], inmasks[0]), *inmasks[1:])
+        if info.supported:
+            rule = regions.MASK_RULES.get(eqn.primitive)
+            omasks = (
+                rule(
+                    ctx,
+                    eqn,
+                    info.in_sigs,
+                    info.out_sigs,
+                    list(inmasks),
+                    **eqn.params,
+                    operands=info.in_consts,
+                )  # fmt: skip
+                if rule is not None and any(s is not None for s in info.in_sigs)
+                else [regions.and_all(inmasks)] * len(eqn.outvars)
+            )
         else:
-            if refine is not None and info.layer is not None:
-                inmasks = (refine(info.layer, invals[0], inmasks[0]), *inmasks[1:])
-            if info.supported:
-                rule = regions.MASK_RULES.get(eqn.primitive)
-                omasks = (
-                    rule(
-                        ctx,
-                        eqn,
-                        info.in_sigs,
-                        info.out_sigs,
-                        list(inmasks),
-                        **eqn.params,
-                        operands=info.in_consts,
-                    )  # fmt: skip
-                    if rule is not None and any(s is not None for s in info.in_sigs)
-                    else [regions.and_all(inmasks)] * len(eqn.outvars)
-                )
-            else:
-                if on_unsupported is not None:
-                    on_unsupported(eqn.primitive.name)
-                omasks = regions.unsupported(ctx, eqn, info.in_sigs, info.out_sigs, inmasks)
-            omasks = [
-                m & ctx.valid(o) if _needs_valid(info.in_sigs, o) else m
-                for m, o in zip(omasks, info.out_sigs)
-            ]
-            if info.layer is not None and info.epilogue and _fused(analysis, i, fuse):
-                env.pending[info.epilogue[-1]] = (info.layer, eqn, list(invals), omasks[0])
-                continue  # evaluated where the epilogue ends
-            if info.layer is not None:
-                outs = [reuse(info.layer, eqn, list(invals), omasks[0])]
-            else:
-                outs = lowering.bind(eqn, invals)
-        for v, val, m, sig in zip(eqn.outvars, outs, omasks, info.out_sigs):
-            env.write(v, val, m)
-            if record is not None and info.dynamic and sig is not None:
-                record(_path + (i,), v, sig, val, m)
+            if on_unsupported is not None:
+                on_unsupported(eqn.primitive.name)
+            omasks = regions.unsupported(ctx, eqn, info.in_sigs, info.out_sigs, inmasks)
+        omasks = [
+            m & ctx.valid(o) if _needs_valid(info.in_sigs, o) else m
+            for m, o in zip(omasks, info.out_sigs)
+        ]
+        if info.layer is not None and info.epilogue and _fused(analysis, i, fuse):
+            env.pending[info.epilogue[-1]] = (info.layer, eqn, list(invals), omasks[0])
+            return  # evaluated where the epilogue ends
+        if info.layer is not None:
+            outs = [reuse(info.layer, eqn, list(invals), omasks[0])]
+        else:
+            outs = lowering.bind(eqn, invals)
+    for v, val, m, sig in zip(eqn.outvars, outs, omasks, info.out_sigs):
+        env.write(v, val, m)
+        if record is not None and info.dynamic and sig is not None:
+            record(_path + (i,), v, sig, val, m)
 
 
 def _fused(analysis: Analysis, index: int, fuse: Callable[[int], bool] | None) -> bool:

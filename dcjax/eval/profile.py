@@ -1,0 +1,273 @@
+"""Where a method's time goes, layer by layer: ``dcjax profile``.
+
+Contract: `profile(runner, frames, warmup=...)` runs a method's compiled step
+over ``frames`` (the first ``warmup`` untimed) under `jax.profiler.trace` and
+returns a `Profile`: the median wall time of a frame, and per *group* the
+milliseconds a frame that the group's operations took. A group is a layer of
+the traced model, named by its module path as in ``CachedModel.layers``
+(``AlexNet/conv3/conv``), another part of the model (``AlexNet/pool1``), or a
+part of the step outside the model (``dcjax.match``, the block matcher);
+operations with no name scope form the group ``(step)``, and those whose
+metadata XLA dropped one group per opcode (``(dot)``).
+
+How: the caching interpreter evaluates each equation of the model inside a
+`jax.named_scope` of its layer (`dcjax.transforms.interpreter`), so every
+operation of the compiled program carries its layer in its metadata. The step
+is compiled once more, ahead of time, from the method's own jitted function
+and arguments, and the timed frames run through that executable, so the
+operation names of its HLO text are those of the profiler's trace. Each
+top-level operation's duration goes to the group its scope names: a fusion, a
+convolution, a matrix product, or a loop with everything inside it (a sparse
+kernel's loop is charged to its layer). A fusion carries the scope of its last
+operation, so where XLA fuses a convolution into what follows it in another
+scope (a residual add of the enclosing block), the time goes there.
+
+Reading it: XLA:CPU runs independent top-level operations on several threads
+at once, so the groups may add up to more than the wall time; where they add
+up to less, the rest went between operations (dispatching them, waiting for
+threads). Times are from one run of the frames: medians of several runs are
+steadier on a shared machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import gzip
+import json
+import os
+import re
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from dcjax.eval.methods import Runner
+
+__all__ = ["OUTSIDE", "Profile", "group_of", "profile", "top_level_ops"]
+
+#: The group of operations that carry no name scope.
+OUTSIDE = "(step)"
+
+_NAME = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*")
+_OPCODE = re.compile(r"\s*([\w\-]+)\(")
+_OP_NAME = re.compile(r"op_name=\"([^\"]*)\"")
+_OPERAND = re.compile(r"%([\w.\-]+)")
+_COMPUTE = frozenset({"dot", "convolution", "custom-call"})
+_CONTROL = frozenset({"while", "body", "cond", "branch", "scan", "checkpoint", "remat"})
+
+
+def _instruction(line: str) -> tuple[str, str] | None:
+    """``(name, opcode)`` of an HLO instruction line, or None."""
+    m = _NAME.match(line)
+    if not m:
+        return None
+    rest = line[m.end() :]
+    if rest.startswith("("):  # a tuple type: skip to its closing parenthesis
+        depth = 0
+        for i, c in enumerate(rest):
+            depth += {"(": 1, ")": -1}.get(c, 0)
+            if depth == 0:
+                rest = rest[i + 1 :]
+                break
+    else:
+        rest = rest.split(" ", 1)[1] if " " in rest else ""
+    op = _OPCODE.match(rest)
+    return (m.group(1), op.group(1)) if op else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """One method's time per frame, by group.
+
+    Attributes:
+        method: the runner's method name.
+        frames: frames timed.
+        wall_ms: median wall time of a frame (the step and waiting for it).
+        groups: ``{group: ms a frame}`` in program order.
+        ops: operations a frame per group.
+    """
+
+    method: str
+    frames: int
+    wall_ms: float
+    groups: dict[str, float]
+    ops: dict[str, float]
+
+    @property
+    def total_ms(self) -> float:
+        """Operation time a frame, all groups together."""
+        return float(sum(self.groups.values()))
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form."""
+        return dataclasses.asdict(self) | {"total_ms": self.total_ms}
+
+
+def top_level_ops(hlo_text: str) -> tuple[str, dict[str, str]]:
+    """``(module name, {operation: op_name})`` for the entry computation of HLO text.
+
+    An operation whose metadata lost its ``op_name`` (XLA drops it from some
+    fusions, copies and rewritten matrix products) takes that of its nearest
+    operand that has one, unless it is a matrix product or convolution, whose
+    time is worth a group of its own; with none, it gets
+    ``"(<opcode>)/<opcode>"`` (so the group ``(dot)``).
+    """
+    module = hlo_text.split("\n", 1)[0].split()[1].rstrip(",")
+    named: dict[str, str] = {}
+    unnamed: dict[str, tuple[str, list[str]]] = {}
+    order: list[str] = []
+    in_entry = False
+    for line in hlo_text.splitlines():
+        if line.startswith("ENTRY"):
+            in_entry = True
+            continue
+        if not in_entry:
+            continue
+        if line.startswith("}"):
+            break
+        instr = _instruction(line)
+        if instr is None:
+            continue
+        name, opcode = instr
+        op_name = _OP_NAME.search(line)
+        if op_name and "/" in op_name.group(1):
+            named[name] = op_name.group(1)
+        else:
+            operands = _OPERAND.findall(line.split("=", 1)[1].split("metadata=")[0])
+            unnamed[name] = (opcode, [o for o in operands if o != name])
+        if opcode != "parameter":
+            order.append(name)
+
+    def resolve(name: str, seen: frozenset = frozenset()) -> str | None:
+        if name in named:
+            return named[name]
+        if name not in unnamed or name in seen:
+            return None
+        for operand in unnamed[name][1]:
+            found = resolve(operand, seen | {name})
+            if found is not None:
+                return found
+        return None
+
+    ops = {}
+    for name in order:
+        found = None if unnamed.get(name, ("",))[0] in _COMPUTE else resolve(name)
+        ops[name] = found if found is not None else f"({unnamed[name][0]})/{unnamed[name][0]}"
+    return module, ops
+
+
+def group_of(op_name: str, layers: Sequence[str]) -> str:
+    """The group of an operation from its ``op_name`` metadata.
+
+    Components with a parenthesis (``jit(step)``, ``jit(_where)``) are
+    transformations, the last component is the primitive; the rest is the name
+    scope, cut at control flow (``while/body``: work XLA hoisted out of a loop
+    belongs where the loop does) and after a step part (``dcjax.match``). A
+    scope inside a layer's goes to the layer.
+    """
+    if op_name.startswith("(") and "/" in op_name:  # no metadata: the opcode's group
+        return op_name.split("/", 1)[0]
+    parts = [p for p in op_name.split("/")[:-1] if "(" not in p and p]
+    for i, p in enumerate(parts):  # operations XLA hoisted out of loops and branches
+        if p in _CONTROL or p.startswith("dcjax."):
+            parts = parts[: i + p.startswith("dcjax.")]
+            break
+    path = "/".join(parts)
+    if not path:
+        return OUTSIDE
+    for name in layers:
+        if path == name or path.startswith(name + "/"):
+            return name
+    return path
+
+
+def _program(runner: Runner, state: Any, frame: jax.Array) -> tuple[Any, tuple, tuple]:
+    """``(jitted, before, after)``: the step is ``jitted(*before, state, frame, *after)``."""
+    step = runner.step
+    if runner.cached is not None and getattr(step, "__self__", None) is runner.cached:
+        fn, (leaves, _, _, match) = runner.cached._program(state, frame)
+        return fn, (leaves,), (match,)
+    if isinstance(step, functools.partial) and hasattr(step.func, "lower") and not step.keywords:
+        return step.func, tuple(step.args), ()
+    if hasattr(step, "lower"):
+        return step, (), ()
+    raise ValueError(f"dcjax: the {runner.method!r} method has no jitted step to profile")
+
+
+def _trace_events(directory: str) -> list[dict]:
+    paths = glob.glob(os.path.join(directory, "**", "*.trace.json.gz"), recursive=True)
+    if not paths:
+        raise RuntimeError("dcjax: the profiler wrote no trace")
+    with gzip.open(max(paths, key=os.path.getmtime)) as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def profile(runner: Runner, frames: np.ndarray, *, warmup: int = 3) -> Profile:
+    """Time ``runner``'s step over ``frames`` by group (see the module docstring).
+
+    Args:
+        runner: a method instantiated for a model (`dcjax.eval.methods.make_runner`).
+        frames: uint8 (T, H, W, 3); the first ``warmup`` are run untimed.
+        warmup: frames that warm caches and the machine up first.
+
+    Returns:
+        The `Profile`.
+
+    Raises:
+        ValueError: fewer than ``warmup + 1`` frames, or a method whose step is
+            not a jitted function.
+    """
+    if len(frames) <= warmup:
+        raise ValueError(f"dcjax: profile needs more than {warmup} frames, got {len(frames)}")
+    layers = [layer.name for layer in runner.layers]
+    state = runner.init()
+    first = jax.numpy.asarray(frames[0])
+    fn, before, after = _program(runner, state, first)
+    compiled = fn.lower(*before, state, first, *after).compile()
+    module, ops = top_level_ops(compiled.as_text())
+
+    def run(state, frame):
+        out, state, _ = compiled(*before, state, frame, *after)
+        jax.block_until_ready(out)
+        return state
+
+    for f in frames[:warmup]:
+        state = run(state, jax.numpy.asarray(f))
+    timed = [jax.numpy.asarray(f) for f in frames[warmup:]]
+    walls = []
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp, create_perfetto_trace=True):
+            for f in timed:
+                t0 = time.perf_counter()
+                state = run(state, f)
+                walls.append(time.perf_counter() - t0)
+        events = _trace_events(tmp)
+    order = {name: i for i, name in enumerate(ops)}
+    total: dict[str, float] = {}
+    count: dict[str, float] = {}
+    for e in sorted(
+        (e for e in events if e.get("ph") == "X" and _op(e, module) in ops),
+        key=lambda e: order[_op(e, module)],
+    ):
+        g = group_of(ops[_op(e, module)], layers)
+        total[g] = total.get(g, 0.0) + e.get("dur", 0.0) / 1e3 / len(timed)
+        count[g] = count.get(g, 0.0) + 1 / len(timed)
+    return Profile(
+        method=runner.method,
+        frames=len(timed),
+        wall_ms=statistics.median(walls) * 1e3,
+        groups=total,
+        ops=count,
+    )
+
+
+def _op(event: dict, module: str) -> str | None:
+    args = event.get("args") or {}
+    return args.get("hlo_op") if args.get("hlo_module") == module else None

@@ -1,0 +1,95 @@
+"""`dcjax.eval.profile`: HLO parsing, grouping, and per-layer times of real runs."""
+# ruff: noqa: E501
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+from dcjax.eval import profile as P
+from dcjax.eval.methods import ModelSpec, make_runner
+
+HLO = """HloModule jit_step, entry_computation_layout={(f32[4]{0})->f32[4]{0}}
+
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %p = (s32[], f32[4]{0}) parameter(0)
+  ROOT %t = (s32[], f32[4]{0}) tuple(%p), metadata={op_name="jit(step)/Net/conv2/conv/while/body/add"}
+}
+
+ENTRY %main.1 (x.1: f32[4], w.1: f32[4,4]) -> f32[4] {
+  %x.1 = f32[4]{0} parameter(0), metadata={op_name="x"}
+  %w.1 = f32[4,4]{1,0} parameter(1), metadata={op_name="leaves[0]"}
+  %conv_fusion = f32[4]{0} fusion(%x.1), kind=kLoop, calls=%c, metadata={op_name="jit(step)/Net/conv1/conv/conv_general_dilated"}
+  %copy.3 = f32[4]{0} copy(%conv_fusion)
+  %while.7 = (s32[], f32[4]{0}) while(%tuple.2), condition=%cond, body=%body, metadata={op_name="jit(step)/Net/conv2/conv/while"}
+  %dot.1 = f32[4]{0} dot(%conv_fusion, %w.1), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  %hoisted = f32[4]{0} fusion(%x.1), kind=kLoop, calls=%h, metadata={op_name="jit(step)/dcjax.match/jit(_search)/while/body/mul"}
+  %lone = f32[4]{0} copy(%x.1)
+  ROOT %out = f32[4]{0} add(%dot.1, %hoisted), metadata={op_name="jit(step)/Net/add"}
+}
+"""
+
+
+def test_top_level_ops_and_groups_from_hlo_text():
+    module, ops = P.top_level_ops(HLO)
+    assert module == "jit_step"
+    assert list(ops) == ["conv_fusion", "copy.3", "while.7", "dot.1", "hoisted", "lone", "out"]
+    layers = ["Net/conv1/conv", "Net/conv2/conv"]
+    groups = {op: P.group_of(name, layers) for op, name in ops.items()}
+    assert groups == {
+        "conv_fusion": "Net/conv1/conv",
+        "copy.3": "Net/conv1/conv",  # no metadata: its operand's
+        "while.7": "Net/conv2/conv",  # a loop, tuple-typed, goes to its layer
+        "dot.1": "(dot)",  # a matrix product without metadata is a group of its own
+        "hoisted": "dcjax.match",  # hoisted out of the matcher's loop
+        "lone": "(copy)",  # nothing named upstream
+        "out": "Net",
+    }
+    assert P.group_of("jit(step)/leaves[0]", layers) == P.OUTSIDE
+
+
+class _Lopsided(nn.Module):
+    """A heavy 5x5 convolution with 128 channels, a pool, a light 1x1 one with 4."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Conv(128, (5, 5), padding="SAME", name="heavy")(x))
+        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        return nn.Conv(4, (1, 1), name="light")(x)
+
+
+@pytest.fixture(scope="module")
+def lopsided() -> ModelSpec:
+    module = _Lopsided()
+    variables = module.init(jax.random.key(0), jnp.zeros((1, 96, 96, 3)))
+    return ModelSpec(name="lopsided", module=module, variables=variables, frame_shape=(96, 96, 3))
+
+
+def test_profile_charges_layers_by_their_work(lopsided):
+    from dcjax.eval.harness import load_frames
+
+    frames = load_frames("vtest", lopsided.frame_shape, frames=6)
+    runner = make_runner(lopsided, "nocache")
+    heavy, light = (layer.name for layer in runner.layers)
+    nocache = P.profile(runner, frames, warmup=2)
+    assert nocache.frames == 4 and nocache.wall_ms > 0
+    assert nocache.groups[heavy] > 3 * nocache.groups[light] > 0
+    # the operations cover the step: at least half its wall time, less than 4 threads' worth
+    assert 0.5 * nocache.wall_ms < nocache.total_ms < 4 * nocache.wall_ms
+    cached = P.profile(make_runner(lopsided, "deepcache"), frames, warmup=2)
+    assert cached.groups["dcjax.match"] > 0 and heavy in cached.groups
+    assert set(cached.as_dict()) >= {"method", "wall_ms", "groups", "total_ms"}
+
+
+def test_profile_needs_timed_frames_and_a_jitted_step(lopsided):
+    from dcjax.eval.harness import load_frames
+
+    frames = load_frames("vtest", lopsided.frame_shape, frames=3)
+    runner = make_runner(lopsided, "nocache")
+    with pytest.raises(ValueError, match="more than 3 frames"):
+        P.profile(runner, frames, warmup=3)
+    unjitted = type(runner)(**{**runner.__dict__, "step": lambda s, f: runner.step(s, f)})
+    with pytest.raises(ValueError, match="no jitted step"):
+        P.profile(unjitted, frames, warmup=1)
