@@ -77,6 +77,13 @@ def _add_size_args(p: argparse.ArgumentParser) -> None:
                         "kernels' loops, so speedups depend on it")  # fmt: skip
 
 
+def _add_video_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("video", metavar="VIDEO", help="video file (or bundled clip name)")
+    p.add_argument("--model", required=True, help="zoo model (see dcjax models)")
+    p.add_argument("--pretrained", action="store_true", help="real weights (efficientnet_lite0)")
+    p.add_argument("--start", type=_nonnegative_int, default=0, help="frames to skip first")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``dcjax`` command."""
     parser = _Parser(prog="dcjax", description="DeepCache for JAX: reuse CNN work across frames.")
@@ -102,12 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_size_args(demo)
 
     run = sub.add_parser("run", help="one model and method on a video")
-    run.add_argument("video", metavar="VIDEO", help="video file (or bundled clip name)")
-    run.add_argument("--model", required=True, help="zoo model (see dcjax models)")
-    run.add_argument("--pretrained", action="store_true", help="real weights (efficientnet_lite0)")
+    _add_video_model_args(run)
     run.add_argument("--method", default="deepcache", help="method spec (default deepcache)")
     run.add_argument("--frames", type=_frames_int, default=100, help="frames (default 100)")
-    run.add_argument("--start", type=_nonnegative_int, default=0, help="frames to skip first")
     run.add_argument("--json", metavar="PATH", help="write the metrics records here")
     run.add_argument("--out", metavar="PATH", help="write the frames with the reuse mask here")
     _add_size_args(run)
@@ -189,9 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_size_args(bench)
 
     prof = sub.add_parser("profile", help="where each method's time goes, layer by layer")
-    prof.add_argument("video", metavar="VIDEO", help="video file (or bundled clip name)")
-    prof.add_argument("--model", required=True, help="zoo model (see dcjax models)")
-    prof.add_argument("--pretrained", action="store_true", help="real weights (efficientnet_lite0)")
+    _add_video_model_args(prof)
     prof.add_argument(
         "--methods",
         nargs="+",
@@ -202,7 +204,6 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument(
         "--frames", type=_frames_int, default=20, help="frames, the first 5 untimed (default 20)"
     )
-    prof.add_argument("--start", type=_nonnegative_int, default=0, help="frames to skip first")
     prof.add_argument("--json", metavar="PATH", help="write the profiles here")
     _add_size_args(prof)
 
