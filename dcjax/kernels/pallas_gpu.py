@@ -83,22 +83,14 @@ def tile_plan(
     x_shape: Sequence[int],
     w_shape: Sequence[int],
     *,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]] | str,
-    dilation: Sequence[int] = (1, 1),
-    groups: int = 1,
     tile: tuple[int, int] | None = None,
+    **conv,
 ) -> _tiles.TilePlan:
     """The `TilePlan` this kernel computes with: ``tile`` (default 8 x 8) rounded
-    up to powers of two with at least 16 pixels, then clipped to the output."""
+    up to powers of two with at least 16 pixels, then clipped to the output.
+    ``conv`` are `dcjax.kernels.tiles.plan`'s convolution keywords."""
     return _tiles.plan(
-        x_shape,
-        w_shape,
-        strides=strides,
-        padding=padding,
-        dilation=dilation,
-        groups=groups,
-        tile=_round_tile(DEFAULT_TILE if tile is None else tile),
+        x_shape, w_shape, tile=_round_tile(DEFAULT_TILE if tile is None else tile), **conv
     )
 
 
