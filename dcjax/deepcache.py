@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.extend import core as jcore
 
 from dcjax import kernels, matching
 from dcjax._loops import pinned, skipping_pays
@@ -82,7 +83,9 @@ class CacheState:
         semantic: the semantic memory (`dcjax.semantic.SemanticState`) when
             ``Config.semantic`` is set, else None.
         refs: with ``Config.refine``, per layer the reference copy of its
-            input (None for layers that are not refined); else empty.
+            input (None for layers that are not refined, and for a layer that
+            reads the same variable as an earlier refined one, whose reference
+            it shares); else empty.
         ref_scale: with ``Config.refine``, per layer the activation scale its
             threshold is relative to (0 until measured on the first frame).
         output: with ``Config.skip_unchanged``, the last output's leaves (a
@@ -172,6 +175,8 @@ class CachedModel:
                     strict=True,
                 )
             )
+        # refined layers that read the same feature map share one test and reference
+        self._ref_owner = _shared_inputs(self._analysis, len(self.layers), self._refined)
         # the Pallas TPU kernel takes no epilogue (`dcjax.kernels.masked`)
         tpu_pallas = config.kernel == "pallas_tpu" or (
             config.kernel == "pallas" and jax.default_backend() == "tpu"
@@ -235,8 +240,8 @@ class CachedModel:
                 state = dataclasses.replace(state, caches=empty)
         if self._refined is not None:
             refs = tuple(
-                jnp.zeros(layer.in_shape, jnp.float32) if on else None
-                for layer, on in zip(self.layers, self._refined)
+                jnp.zeros(layer.in_shape, jnp.float32) if on and owner == layer.index else None
+                for layer, on, owner in zip(self.layers, self._refined, self._ref_owner)
             )
             state = dataclasses.replace(
                 state, refs=refs, ref_scale=jnp.zeros((len(self.layers),), jnp.float32)
@@ -454,30 +459,38 @@ class CachedModel:
 
         See `dcjax.transforms.refine`: a refined layer's input mask gains the
         pixels whose change against its (shifted) reference is under
-        ``delta * scale``; the reference takes ``x_t`` everywhere else.
+        ``delta * scale``; the reference takes ``x_t`` everywhere else. Layers
+        that read the same feature map (`_shared_inputs`) share the first one's
+        test, reference and scale: one pass over the map, one copy in the state.
         """
         if self._refined is None:
             return list(state.refs), [], None
         rcfg = self.config.refine
         refs = list(state.refs)
         scales = [state.ref_scale[i] for i in range(len(self.layers))]
+        tested: dict[int, tuple[jax.Array, jax.Array]] = {}
 
         def refine_fn(index, x, in_mask):
             if not self._refined[index]:
                 return in_mask
-            sig = self.layers[index].in_signature
-            old = state.ref_scale[index]
-            scale = lax.cond(
-                (old > 0) & jnp.isfinite(old),
-                lambda: old,
-                lambda: refine_lib.scale(x, sig, rcfg.metric),
-            )
-            dy, dx, _ = ctx.shift(sig)
-            ref = _shift(state.refs[index], dy, dx, sig.axes)
-            small = refine_lib.change(x, ref, sig, rcfg.metric) < rcfg.delta * scale
-            small = small & ctx.valid(sig) & state.layer_valid[index] & ~refresh
-            refs[index] = jnp.where(_expand(small, x.ndim, sig.axes), ref, x.astype(jnp.float32))
-            scales[index] = scale
+            owner = self._ref_owner[index]
+            if owner not in tested:
+                sig = self.layers[owner].in_signature
+                old = state.ref_scale[owner]
+                scale = lax.cond(
+                    (old > 0) & jnp.isfinite(old),
+                    lambda: old,
+                    lambda: refine_lib.scale(x, sig, rcfg.metric),
+                )
+                dy, dx, _ = ctx.shift(sig)
+                ref = _shift(state.refs[owner], dy, dx, sig.axes)
+                small = refine_lib.change(x, ref, sig, rcfg.metric) < rcfg.delta * scale
+                small = small & ctx.valid(sig) & state.layer_valid[owner] & ~refresh
+                refs[owner] = jnp.where(
+                    _expand(small, x.ndim, sig.axes), ref, x.astype(jnp.float32)
+                )
+                tested[owner] = (small, scale)
+            small, scales[index] = tested[owner]
             return in_mask | small
 
         return refs, scales, refine_fn
@@ -651,6 +664,25 @@ def _per_layer(analysis, n_layers: int, value: Callable[[Any, Any, Any], Any]) -
 def _layers_reading_cache(analysis, n_layers: int, impl: str) -> tuple[bool, ...]:
     """Per layer, whether its kernel reads a cache (`kernels.reads_cache`)."""
     return _per_layer(analysis, n_layers, lambda an, eqn, info: kernels.reads_cache(eqn, impl))
+
+
+def _shared_inputs(analysis, n_layers: int, refined: tuple[bool, ...] | None) -> tuple[int, ...]:
+    """Per layer, the first refined layer that reads the same input variable
+    (itself when none does, and for layers that are not refined).
+
+    Equal inputs give equal tests (same values, reference, scale and validity),
+    so only the first layer of each group keeps a reference (ResNet's first
+    block of a stage feeds ``conv1`` and ``downsample`` from one map; an
+    inception module feeds three branches).
+    """
+    inputs = _per_layer(analysis, n_layers, lambda an, eqn, info: eqn.invars[0])
+    owner: list[int] = list(range(n_layers))
+    first: dict[int, int] = {}
+    for i, var in enumerate(inputs):
+        if refined is None or not refined[i] or not isinstance(var, jcore.Var):
+            continue
+        owner[i] = first.setdefault(id(var), i)
+    return tuple(owner)
 
 
 def _layer_epilogues(analysis, n_layers: int) -> tuple[tuple[str, ...], ...]:

@@ -49,6 +49,12 @@ subtraction, an absolute value, a max), the convolution spends
 layer is refined when that is at least 16 (depthwise 3x3 convolutions are not,
 1x1 and dense 3x3 convolutions are).
 
+Convolutions that read the same variable (ResNet's ``conv1`` and
+``downsample``, an inception module's branches) have equal tests: the same
+values, reference, scale and validity. The first of them keeps the reference
+and the others reuse its test (`dcjax.deepcache`), so each feature map is read
+by one test per frame and held once in the state.
+
 Whatever ``layers`` says, a layer that the kernel choice computes densely
 (``kernel="dense"``, or ``"auto"`` on small CPU layers: `dcjax.kernels.auto`)
 keeps no cache and gets no test: it has nothing to reuse. Refined layers tell

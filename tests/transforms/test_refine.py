@@ -129,6 +129,39 @@ def test_refinement_increases_reuse_on_real_noise():
     assert (refined_reuse > plain_reuse + 0.2).all(), (plain_reuse, refined_reuse)
 
 
+def _branches(copy_input: bool):
+    """A stem and two branches reading its output; with ``copy_input`` the second
+    branch reads a copy (``x * 1.0``: another variable with the same values)."""
+
+    def fn(p, x):
+        h = jax.nn.relu(_conv(x, p["w1"]))
+        a = _conv(h, p["w2"])
+        b = _conv(h * 1.0 if copy_input else h, p["w3"])
+        return a, b
+
+    return fn
+
+
+def test_layers_reading_one_map_share_its_test_and_reference():
+    params = {**PARAMS, "w3": jax.random.normal(jax.random.key(2), (1, 1, 8, 8)) * 0.3}
+    cfg = RefineConfig(delta=0.3, layers="all")
+    shared = _transform(cfg, params, model=_branches(False), matcher="none")
+    separate = _transform(cfg, params, model=_branches(True), matcher="none")
+    assert [r is None for r in shared.init().refs] == [False, False, True]
+    assert all(r is not None for r in separate.init().refs)
+    frames = _photo_stream(8, 0.004, 0.02)
+    ss, sp = shared.init(), separate.init()
+    for f in frames:
+        out_s, ss, info_s = shared.step(ss, f)
+        out_p, sp, info_p = separate.step(sp, f)
+        for a, b in zip(out_s, out_p):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(info_s["reuse_fraction"], info_p["reuse_fraction"])
+        np.testing.assert_array_equal(np.asarray(ss.ref_scale), np.asarray(sp.ref_scale))
+    # the stream is one where refinement reuses in both branches
+    assert (np.asarray(info_s["reuse_fraction"])[1:] > 0.2).all(), info_s["reuse_fraction"]
+
+
 def test_refresh_resets_references():
     cached = _transform(RefineConfig(delta=0.5, layers="all"), refresh_every=3)
     frames = _photo_stream(4, 0.01, 0.01)
