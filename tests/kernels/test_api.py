@@ -138,6 +138,16 @@ def test_auto_runs_small_layers_dense_on_cpu() -> None:
     grouped = plan((1, 27, 27, 96), (5, 5, 48, 256), strides=(1, 1), padding="SAME", groups=2)
     assert auto.choose(grouped, "cpu")[0] == "xla"  # rows computes ungrouped layers only
     assert auto.dense_flops(depthwise) < auto.SMALL_LAYER_FLOPS
+    # few FLOPs on a large map (EfficientNet-Lite0's first expansion): cached, but
+    # a depthwise layer on the same map stays dense
+    expand = plan((1, 112, 112, 16), (1, 1, 16, 96), strides=(1, 1), padding="SAME")
+    wide_dw = plan((1, 112, 112, 96), (3, 3, 1, 96), strides=(1, 1), padding="SAME", groups=96)
+    for p in (expand, wide_dw):
+        assert auto.dense_flops(p) < auto.SMALL_LAYER_FLOPS and p.ho * p.wo >= auto.LARGE_MAP_PIXELS
+    assert auto.choose(expand, "cpu")[0] == "rows"
+    assert auto.choose(wide_dw, "cpu") == ("dense", None)
+    narrow = plan((1, 55, 56, 16), (1, 1, 16, 96), strides=(1, 1), padding="SAME")
+    assert auto.choose(narrow, "cpu") == ("dense", None)
 
 
 def _bn_add_relu(y, mean, factor, bias, residual):
