@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 ALIGNMENTS = ("exact", "round")
+KEYS = ("reference", "previous")
 KERNELS = ("auto", "reference", "dense", "xla", "rows", "pallas")
 MATCHERS = ("static", "diamond", "three_step", "exhaustive", "histogram", "none")
 REFINE_METRICS = ("max_abs", "rms")
@@ -144,8 +145,16 @@ class Config:
     Attributes:
         block_size: side in pixels of the square blocks the matcher compares.
         psnr_threshold: a block is reusable when its PSNR (dB) against the
-            previous frame at the global motion is above this. ``inf`` never
-            reuses.
+            key frame (see ``key``) at the global motion is above this.
+            ``inf`` never reuses.
+        key: what the matcher compares each frame with. ``"reference"`` (the
+            default): the pixels the caches were computed from, i.e. the
+            previous key shifted by the motion where the frame was reused and
+            the frame itself elsewhere; every reused block is then within the
+            threshold of the pixels its cached features come from, however
+            many frames it has been reused for. ``"previous"``: the previous
+            frame, as in the paper, where a slow change that passes the test
+            frame after frame accumulates in the caches until the next refresh.
         refresh_every: recompute everything every this many frames (the first
             frame always is); ``None`` refreshes only on scene cuts.
         min_match: when fewer than this fraction of blocks match (scene cut,
@@ -195,6 +204,7 @@ class Config:
 
     block_size: int = 10
     psnr_threshold: float = 20.0
+    key: str = "reference"
     refresh_every: int | None = 10
     min_match: float = 0.1
     alignment: str = "exact"
@@ -231,6 +241,7 @@ class Config:
             self.alignment in ALIGNMENTS,
             f"Config.alignment must be one of {ALIGNMENTS}, got {self.alignment!r}",
         )
+        _check(self.key in KEYS, f"Config.key must be one of {KEYS}, got {self.key!r}")
         _check(
             self.kernel in KERNELS,
             f"Config.kernel must be one of {KERNELS}, got {self.kernel!r}",

@@ -69,7 +69,9 @@ class CacheState:
     """Everything a stream carries from one frame to the next (a pytree).
 
     Attributes:
-        prev_frame: the last finite frame, the cache key for the next one.
+        prev_frame: the key the next frame is matched against
+            (`Config.key`): the last finite frame, or the pixels the caches
+            were computed from.
         has_prev: whether ``prev_frame`` and the caches can be reused.
         since_refresh: frames since the last full recompute.
         frame_index: frames stepped so far.
@@ -443,6 +445,22 @@ class CachedModel:
             **cfg.matcher_options,
         )  # fmt: skip
 
+    def _next_key(self, key, frame, r0, motion):
+        """The frame the next one is matched against (`Config.key`).
+
+        With ``"reference"``, reused pixels keep the key's value shifted by the
+        motion (the pixel the caches hold the features of, since ``R0[y, x]``
+        pairs ``frame[y, x]`` with ``key[y + My, x + Mx]``) and the others
+        take the frame's: a block reused frame after frame is always compared
+        with what its features were computed from, so a slow drift is caught
+        once it exceeds the threshold instead of accumulating.
+        """
+        frame = frame.astype(jnp.float32)
+        if self.config.key == "previous":
+            return frame
+        shifted = _shift(key, motion[0], motion[1], (0, 1))
+        return jnp.where(r0[..., None], shifted, frame)
+
     def _reuse_layer(self, index, eqn, invals, mask, shifted, epilogue=None):
         """One reused convolution: fresh values where ``mask`` is false."""
         scattered = self._refined is not None and self._refined[index]
@@ -566,7 +584,9 @@ class CachedModel:
         computed = jnp.sum(work) + float(self._analysis.other_conv_flops)
         flops_ratio = jnp.where(skip, 0.0, computed / float(max(self.total_flops, 1)))
         new_state = CacheState(
-            prev_frame=jnp.where(finite, frame.astype(jnp.float32), state.prev_frame),
+            prev_frame=jnp.where(
+                finite, self._next_key(state.prev_frame, frame, r0, motion), state.prev_frame
+            ),
             has_prev=finite,
             since_refresh=jnp.where(refresh, 1, state.since_refresh + 1).astype(jnp.int32),
             frame_index=state.frame_index + 1,

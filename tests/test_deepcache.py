@@ -147,6 +147,46 @@ def test_translation_of_real_photo_with_builtin_matcher_zero_motion():
     assert 0.0 < float(info["flops_ratio"]) < 1.0
 
 
+def test_reference_key_keeps_reused_pixels_within_the_threshold_of_their_features():
+    """A slow brightness drift: each frame passes the PSNR test against the
+    previous one, not against the frame its cached features came from."""
+    w = jax.random.normal(jax.random.key(0), (3, 3, 3, 4)) * 0.3
+
+    def conv(variables, x):
+        return jax.lax.conv_general_dilated(
+            x, variables, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    step_c = 0.008  # 41.9 dB against the previous frame; two steps: 35.9 dB
+    base = 0.5 * _photo(SIZE, 6) + 0.2
+    frames = [base + t * step_c for t in range(8)]
+    # a reused pixel's input is off by at most what the key lets through
+    bound = float(jnp.abs(w).sum(axis=(0, 1, 2)).max()) * step_c * 1.001
+    errors, reuse = {}, {}
+    for key in ("reference", "previous"):
+        cfg = deepcache.Config(
+            key=key,
+            matcher="static",
+            psnr_threshold=40.0,
+            refresh_every=None,
+            data_range=1.0,
+            kernel="xla",
+        )
+        cached = deepcache.transform(conv, w, frame_shape=(SIZE, SIZE, 3), config=cfg)
+        state = cached.init()
+        errors[key], reuse[key] = [], []
+        for f in frames:
+            out, state, info = cached.step(state, f)
+            errors[key].append(float(jnp.abs(out - conv(w, jnp.asarray(f)[None])).max()))
+            reuse[key].append(float(info["input_reuse"]))
+    # "reference": reused and recomputed frames alternate, the error stays bounded
+    assert reuse["reference"][1:] == [1.0, 0.0] * 3 + [1.0]
+    assert 0 < max(errors["reference"]) <= bound
+    # "previous": everything reused from frame 0 on, the error grows with the drift
+    assert reuse["previous"][1:] == [1.0] * 7
+    assert errors["previous"][-1] > 5 * max(errors["reference"])
+
+
 def test_layers_list_signatures_and_flops():
     module, variables, _ = _model("plain")
     cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3))
@@ -400,6 +440,7 @@ def test_bad_model_and_frame_shape():
         ({"block_size": 0}, "block_size"),
         ({"refresh_every": 0}, "refresh_every"),
         ({"alignment": "nearest"}, "alignment"),
+        ({"key": "last"}, "key"),
         ({"kernel": "cuda"}, "kernel"),
         ({"matcher": "sift"}, "matcher"),
         ({"min_match": 1.5}, "min_match"),

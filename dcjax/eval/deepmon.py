@@ -5,6 +5,8 @@ DeepMon's policy, on top of dcjax's reuse machinery:
 - matching: same-position colour-histogram cells (``Config(matcher="histogram")``,
   an 8x8 grid, 16 bins, chi-square distance below 0.005), so the motion is
   always zero;
+- each frame is compared with the previous one (``Config(key="previous")``),
+  as in the paper, not with the pixels the caches were computed from;
 - only the first ``first_convs`` convolutions are cached; every later one is
   recomputed in full. The paper picks N empirically per model; the default here
   is the leading convolutions whose output stride is at most ``max_stride``
@@ -91,6 +93,7 @@ def _deepmon(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
         {k: opts[k] for k in ("kernel",) if k in opts},
         matcher="histogram",
         matcher_options=matcher_options,
+        key="previous",
         refresh_every=refresh_every,
         alignment="exact",
         min_match=0.0,
