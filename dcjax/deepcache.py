@@ -114,7 +114,8 @@ class CachedModel:
         layers: the reused layers (`Layer`), in execution order.
         epilogues: per layer, the primitives of the elementwise chain cached
             with it (`Config.fuse_epilogues`); empty where none is.
-        total_flops: convolution FLOPs of a full recompute.
+        total_flops: FLOPs of a full recompute: convolutions and matrix
+            products (fully connected layers, computed on every frame).
         unsupported_primitives: primitives without a mask rule.
     """
 
@@ -203,9 +204,7 @@ class CachedModel:
         self._skips = (
             config.skip_unchanged and self._semantic is None and not self.unsupported_primitives
         )
-        self.total_flops = sum(layer.flops for layer in self.layers) + (
-            self._analysis.other_conv_flops
-        )
+        self.total_flops = sum(layer.flops for layer in self.layers) + (self._analysis.other_flops)
         self._flops = jnp.asarray([layer.flops for layer in self.layers], jnp.float32)
         self._trace_count = 0
         # The state is donated: caches are updated in place, frame after frame.
@@ -273,7 +272,7 @@ class CachedModel:
             ``(output, state, info)``; ``info`` holds ``motion``, ``refreshed``,
             ``nonfinite``, ``match_ratio``, ``input_reuse`` (fraction of input
             pixels reused), ``reuse_fraction`` (per layer), ``flops_ratio``
-            (convolution FLOPs that had to be computed / those of a full
+            (convolution and matrix-product FLOPs that had to be computed / those of a full
             recompute) and ``skipped`` (a still frame: the network did not
             run, `Config.skip_unchanged`).
         """
@@ -578,10 +577,14 @@ class CachedModel:
         output = jax.tree_util.tree_unflatten(self._traced.out_tree, list(outs))
 
         work = (1.0 - reuse_fraction) * self._flops
-        if self._semantic is not None:  # layers skipped by an exit cost nothing
-            work = jnp.where(layer_valid, work, 0.0)
         # FLOP counts exceed int32: keep them float
-        computed = jnp.sum(work) + float(self._analysis.other_conv_flops)
+        other = jnp.float32(self._analysis.other_flops)
+        if self._semantic is not None:  # what an exit skips costs nothing
+            work = jnp.where(layer_valid, work, 0.0)
+            exit_index = semantic_info["exit"]
+            after = jnp.asarray(self._semantic.plan.other_after, jnp.float32)
+            other = other - jnp.where(exit_index >= 0, after[jnp.maximum(exit_index, 0)], 0.0)
+        computed = jnp.sum(work) + other
         flops_ratio = jnp.where(skip, 0.0, computed / float(max(self.total_flops, 1)))
         new_state = CacheState(
             prev_frame=jnp.where(

@@ -80,8 +80,8 @@ for layer in cached.layers[:5]:
 # ## Step through the clip
 #
 # `step(state, frame)` is jitted and pure: it returns the output, the new state
-# and an `info` dict. `flops_ratio` is the fraction of the convolution FLOPs that
-# had to be computed.
+# and an `info` dict. `flops_ratio` is the fraction of the FLOPs of
+# convolutions and matrix products that had to be computed.
 
 # %%
 state = cached.init()

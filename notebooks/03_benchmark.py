@@ -17,7 +17,7 @@
 # The same harness as `dcjax bench`: every method steps through the same frames
 # in one process, interleaved frame by frame, and is compared with `nocache`.
 # Speedup is the ratio of median per-frame latencies (matching included); the
-# ideal speedup is what the skipped convolution FLOPs would give.
+# ideal speedup is what the skipped FLOPs would give.
 #
 # Environment variables (for quick test runs): `DCJAX_NB_MODELS` (default
 # `alexnet`), `DCJAX_NB_FRAMES` (default 40), `DCJAX_NB_WIDTH` (default 1.0).

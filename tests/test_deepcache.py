@@ -196,7 +196,8 @@ def test_layers_list_signatures_and_flops():
     assert l1.in_signature.stride == (4, 4) and l1.signature.stride == (4, 4)
     assert l0.flops == 2 * 16 * 16 * 8 * 5 * 5 * 3
     assert l1.flops == 2 * 8 * 8 * 8 * 3 * 3 * 8
-    assert cached.total_flops == l0.flops + l1.flops
+    dense = 2 * 5 * (4 * 4 * 8)  # the Dense(5) head on the flattened 4x4x8 map
+    assert cached.total_flops == l0.flops + l1.flops + dense
     assert cached.unsupported_primitives == ()
 
 

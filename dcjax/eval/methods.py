@@ -8,7 +8,7 @@ method's output with ``nocache`` on the same frames.
 
 ``info`` must hold, as arrays:
 
-- ``flops_ratio``: convolution FLOPs computed on this frame / a full recompute
+- ``flops_ratio``: convolution and matrix-product FLOPs computed on this frame / a full recompute
   (1 for ``nocache``); ``1 / mean(flops_ratio)`` is the ideal speedup;
 - ``match_ratio``: fraction of input blocks the method's matcher matched
   (NaN when the method matches nothing);
@@ -158,7 +158,7 @@ class Runner:
         step: ``(state, frame) -> (output, state, info)``, jitted.
         layers: the layers ``info["reuse_fraction"]`` refers to.
         config: JSON-serialisable settings (recorded in the metrics).
-        total_flops: conv FLOPs of a full recompute.
+        total_flops: FLOPs (convolutions and matrix products) of a full recompute.
         cached: the `CachedModel` behind the method, when there is one.
     """
 

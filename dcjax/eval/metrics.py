@@ -19,7 +19,8 @@ report rely on it). The definitions:
   ``static_frame_ms``, the median latency of a frame identical to the previous
   one (everything reusable: the fixed cost of matching and caching).
 - ``ideal_speedup`` = ``1 / mean(flops_ratio)``: the speedup a perfect sparse
-  kernel with free matching would give, from the convolution FLOPs computed.
+  kernel with free matching would give, from the FLOPs of convolutions and
+  matrix products computed.
 - ``efficiency`` = ``speedup / ideal_speedup``.
 - ``top1_agreement``: fraction of frames whose arg-max class equals the
   no-cache output's; ``top5_agreement``: fraction whose no-cache top-1 class is
@@ -165,7 +166,7 @@ def make_record(
         infos: per-frame step infos stacked along T (``flops_ratio``,
             ``match_ratio``, ``refreshed``, ``reuse_fraction``).
         layers: objects with ``name`` and ``flops``, matching ``reuse_fraction``.
-        total_flops: conv FLOPs of a full recompute.
+        total_flops: FLOPs (convolutions and matrix products) of a full recompute.
         cache_bytes: bytes of the final per-stream state.
         config: the method's settings.
         frame_shape: (H, W, 3).

@@ -109,8 +109,8 @@ def _mil(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
     layers = tuple(analysis.layers)
     matched = min(len(layers), math.ceil(float(opts["fraction"]) * len(layers)))
     flops = jnp.asarray([lay.flops for lay in layers], jnp.float32)
-    total = float(sum(lay.flops for lay in layers) + analysis.other_conv_flops)
-    other = float(analysis.other_conv_flops)  # Python floats: FLOPs overflow int32
+    total = float(sum(lay.flops for lay in layers) + analysis.other_flops)
+    other = float(analysis.other_flops)  # Python floats: FLOPs overflow int32
     blocks = [max(1, round(block / float(max(lay.in_signature.stride)))) for lay in layers]
 
     def init():

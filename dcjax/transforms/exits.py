@@ -32,7 +32,7 @@ from jax import lax
 from jax.extend import core as jcore
 
 from dcjax.transforms.interpreter import Env, FrameContext, run_eqns
-from dcjax.transforms.signatures import Analysis, Spatial, conv_flops
+from dcjax.transforms.signatures import Analysis, Spatial, conv_flops, dot_flops
 
 __all__ = [
     "MARK_PREFIX",
@@ -136,8 +136,10 @@ class ExitPlan:
         bounds: ``(start, stop)`` equation range of each segment (one more
             than there are exit points).
         segment_layers: the reused layers of each segment.
-        flops_after: per exit point, the convolution FLOPs that an exit there
-            skips.
+        flops_after: per exit point, the FLOPs of convolutions and matrix
+            products that an exit there skips.
+        other_after: per exit point, the part of ``flops_after`` outside the
+            reused layers (convolutions that are not reused, matrix products).
     """
 
     names: tuple[str, ...]
@@ -147,6 +149,7 @@ class ExitPlan:
     bounds: tuple[tuple[int, int], ...]
     segment_layers: tuple[tuple[int, ...], ...]
     flops_after: tuple[int, ...]
+    other_after: tuple[int, ...]
 
     @property
     def num_exits(self) -> int:
@@ -161,15 +164,22 @@ def _layers_of(info) -> list[int]:
     return out
 
 
-def _conv_flops_of(eqn: jcore.JaxprEqn, info) -> int:
-    """FLOPs of the frame-dependent convolutions in ``eqn`` (recursively)."""
+def _flops_of(eqn: jcore.JaxprEqn, info, layers: bool = True, dots: bool = True) -> int:
+    """FLOPs of the frame-dependent convolutions and matrix products in ``eqn``
+    (recursively); without ``layers`` only those outside the reused layers,
+    without ``dots`` only convolutions."""
     if info.sub is not None:
         sub = info.sub
         return sum(
-            _conv_flops_of(e, i) for e, i in zip(sub.jaxpr.jaxpr.eqns, sub.eqns, strict=True)
+            _flops_of(e, i, layers, dots)
+            for e, i in zip(sub.jaxpr.jaxpr.eqns, sub.eqns, strict=True)
         )
-    if info.dynamic and eqn.primitive.name == "conv_general_dilated":
-        return conv_flops(eqn)
+    if not info.dynamic:
+        return 0
+    if eqn.primitive.name == "conv_general_dilated":
+        return conv_flops(eqn) if layers or info.layer is None else 0
+    if dots and eqn.primitive.name == "dot_general":
+        return dot_flops(eqn)
     return 0
 
 
@@ -190,7 +200,9 @@ def plan(analysis: Analysis, names: Sequence[str] | None = None) -> ExitPlan:
     for i, info in enumerate(analysis.eqns):
         for layer in _layers_of(info):
             layer_eqn[layer] = i
-    eqn_flops = [_conv_flops_of(e, i) for e, i in zip(eqns, analysis.eqns, strict=True)]
+    eqn_flops = [_flops_of(e, i) for e, i in zip(eqns, analysis.eqns, strict=True)]
+    eqn_other = [_flops_of(e, i, False) for e, i in zip(eqns, analysis.eqns, strict=True)]
+    eqn_conv = [_flops_of(e, i, dots=False) for e, i in zip(eqns, analysis.eqns, strict=True)]
     found: list[tuple[int, str]] = []
     for i, eqn in enumerate(eqns):
         name = mark_name(eqn)
@@ -206,7 +218,7 @@ def plan(analysis: Analysis, names: Sequence[str] | None = None) -> ExitPlan:
             )
         chosen = [(i, n) for i, n in found if n in set(names)]
     else:
-        chosen = [(i, n) for i, n in found if sum(eqn_flops[i + 1 :]) > 0]
+        chosen = [(i, n) for i, n in found if sum(eqn_conv[i + 1 :]) > 0]
     # one exit per name (a module called twice marks twice: keep the first)
     seen: set[str] = set()
     chosen = [(i, n) for i, n in chosen if not (n in seen or seen.add(n))]
@@ -224,6 +236,7 @@ def plan(analysis: Analysis, names: Sequence[str] | None = None) -> ExitPlan:
         tuple(sorted(layer for layer, e in layer_eqn.items() if a <= e < b)) for a, b in bounds
     )
     flops_after = tuple(sum(eqn_flops[m + 1 :]) for m in marks)
+    other_after = tuple(sum(eqn_other[m + 1 :]) for m in marks)
     return ExitPlan(
         names=tuple(n for _, n in chosen),
         marks=marks,
@@ -232,6 +245,7 @@ def plan(analysis: Analysis, names: Sequence[str] | None = None) -> ExitPlan:
         bounds=bounds,
         segment_layers=segment_layers,
         flops_after=flops_after,
+        other_after=other_after,
     )
 
 

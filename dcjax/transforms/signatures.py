@@ -608,7 +608,9 @@ class Analysis:
     eqns: list[EqnInfo]
     layers: list[Layer]
     unsupported: set[str]
-    other_conv_flops: int
+    #: FLOPs of the convolutions that are not reused layers and of every
+    #: matrix product (fully connected layers), computed on every frame.
+    other_flops: int
 
 
 _FOLD_LIMIT = 1 << 20
@@ -633,6 +635,14 @@ def conv_flops(eqn) -> int:
     rhs = _shape(eqn.invars[1])
     per_out = int(np.prod([rhs[d] for d in dn.rhs_spec[2:]])) * rhs[dn.rhs_spec[1]]
     return 2 * int(np.prod(_shape(eqn.outvars[0]))) * per_out
+
+
+def dot_flops(eqn) -> int:
+    """2 x multiply-adds of a dot_general."""
+    (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+    lhs = _shape(eqn.invars[0])
+    contracted = int(np.prod([lhs[d] for d in lhs_contract]))
+    return 2 * int(np.prod(_shape(eqn.outvars[0]))) * contracted
 
 
 def analyze(
@@ -717,6 +727,8 @@ def analyze(
                         other[0] += conv_flops(eqn)
             elif eqn.primitive is P.conv_general_dilated_p:
                 other[0] += conv_flops(eqn)
+            if dynamic and eqn.primitive is P.dot_general_p:
+                other[0] += dot_flops(eqn)
             for v, s in zip(eqn.outvars, info.out_sigs):
                 env_sig[v], env_dyn[v] = s, dynamic
             infos.append(info)
@@ -725,7 +737,7 @@ def analyze(
         return Analysis(cj, list(sigs), out_sigs, infos, layers, unsupported, 0)
 
     result = walk(closed, list(in_sigs), list(in_dynamic))
-    result.other_conv_flops = other[0]
+    result.other_flops = other[0]
     return result
 
 

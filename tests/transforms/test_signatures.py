@@ -92,7 +92,7 @@ def test_conv_on_parameters_only_is_not_a_layer():
         return x * k.sum()
 
     a = _out_sigs(fn, jnp.ones((3, 3, 3, 3)))
-    assert a.layers == [] and a.other_conv_flops > 0
+    assert a.layers == [] and a.other_flops > 0
 
 
 @pytest.mark.parametrize(
