@@ -379,6 +379,10 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     print(_table(_short_rows(ev.records)))
     print(f"\nideal speedup = 1 / FLOPs fraction computed; efficiency = measured / ideal. "
           f"Times are medians of {rec['frames']} per-frame steps, matching included.")  # fmt: skip
+    if rec["top1_stability"] is not None:
+        print(f"The uncached model's own top-1 stays the same from one frame to the next on "
+              f"{100 * rec['top1_stability']:.0f}% of them: where it flips often, features "
+              "reused from nearly equal pixels flip it too.")  # fmt: skip
     print(_where_time_went(ev.records))
     if rec["per_layer"]:
         print(f"\nreuse per layer ({args.method}, {len(rec['per_layer'])} convolutions; "

@@ -26,6 +26,11 @@ report rely on it). The definitions:
   no-cache output's; ``top5_agreement``: fraction whose no-cache top-1 class is
   among the method's top five. ``None`` for outputs that are not class scores
   (detection grids, regression).
+- ``top1_stability``: fraction of consecutive frame pairs on which the
+  no-cache output's top-1 class stays the same: how stable the model itself is
+  on the clip. Reuse hands a frame features computed from slightly different
+  pixels, so where the model's own top-1 flips this often between frames,
+  approximate reuse flips it too, whatever the cache does. ``None`` as above.
 - ``output_mse``: mean squared difference from the no-cache output;
   ``output_rel_mse``: the same divided by the no-cache output's variance.
 - ``match_ratio``: mean over non-refresh frames of the fraction of input
@@ -49,6 +54,7 @@ __all__ = [
     "RECORD_KEYS",
     "agreement",
     "check_record",
+    "stability",
     "latency_stats",
     "make_record",
 ]
@@ -68,6 +74,7 @@ RECORD_KEYS = (
     "efficiency",
     "top1_agreement",
     "top5_agreement",
+    "top1_stability",
     "output_mse",
     "output_rel_mse",
     "match_ratio",
@@ -123,6 +130,23 @@ def agreement(reference: np.ndarray, outputs: np.ndarray, k: int = 1) -> float |
     k = min(k, out.shape[1])
     top = np.argsort(-out, axis=1)[:, :k]
     return float(np.mean(np.any(top == ref.argmax(1)[:, None], axis=1)))
+
+
+def stability(reference: np.ndarray) -> float | None:
+    """Fraction of consecutive frames whose reference top-1 class is unchanged.
+
+    Args:
+        reference: (T, 1, C) or (T, C) no-cache scores.
+
+    Returns:
+        A fraction in [0, 1]; None for outputs that are not class scores or
+        fewer than two frames.
+    """
+    ref = _scores(np.asarray(reference))
+    if ref is None or len(ref) < 2:
+        return None
+    top = ref.argmax(1)
+    return float(np.mean(top[1:] == top[:-1]))
 
 
 def _median_or_none(values: np.ndarray) -> float | None:
@@ -212,6 +236,7 @@ def make_record(
         "efficiency": float(speedup / ideal),
         "top1_agreement": agreement(reference, outputs, 1),
         "top5_agreement": agreement(reference, outputs, 5),
+        "top1_stability": stability(reference),
         "output_mse": mse,
         "output_rel_mse": float(mse / var) if var > 0 else None,
         "match_ratio": _finite_or_none(float(considered.mean()) if considered.size else None),
@@ -255,7 +280,7 @@ def check_record(record: Mapping[str, Any], *, rtol: float = 1e-9) -> None:
         raise ValueError(f"dcjax: efficiency {record['efficiency']} != speedup / ideal {eff}")
     if record["ideal_speedup"] < 1 - 1e-6:
         raise ValueError(f"dcjax: ideal_speedup {record['ideal_speedup']} < 1")
-    for key in ("top1_agreement", "top5_agreement", "match_ratio"):
+    for key in ("top1_agreement", "top5_agreement", "top1_stability", "match_ratio"):
         v = record[key]
         if v is not None and not 0 <= v <= 1:
             raise ValueError(f"dcjax: {key} {v} outside [0, 1]")

@@ -57,6 +57,8 @@ def summary_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
             "efficiency": _fmt(r["efficiency"], ".2f"),
             "top-1 agree": "–" if r["top1_agreement"] is None
             else f"{100 * r['top1_agreement']:.1f}%",
+            "top-1 stable": "–" if r.get("top1_stability") is None
+            else f"{100 * r['top1_stability']:.1f}%",
             "rel. MSE": _fmt(r["output_rel_mse"], ".2g"),
             "match": "–" if r["match_ratio"] is None else f"{100 * r['match_ratio']:.1f}%",
             "refreshes": str(r["refreshes"]),

@@ -45,11 +45,20 @@ def test_record_values():
     assert r["efficiency"] == pytest.approx((5.0 / 3.0) / 2.0)
     assert r["top1_agreement"] == 0.75
     assert r["top5_agreement"] == 1.0  # three classes: everything is in the top five
+    assert r["top1_stability"] == 0.0  # the reference's top-1 changes on every frame
     assert r["match_ratio"] == pytest.approx(0.8)  # refresh frame and NaN left out
     assert r["refreshes"] == 1
     assert r["cache_bytes"] == 1234
     assert [lay["reuse_fraction"] for lay in r["per_layer"]] == [0.625, 0.25]
     assert r["output_mse"] == pytest.approx(np.mean(np.square([1, 0.2, 0.1])) / 4)
+
+
+def test_stability_counts_consecutive_frames_with_the_same_top1():
+    ref = np.array([[0.0, 1.0], [0.0, 2.0], [3.0, 0.0], [4.0, 1.0], [5.0, 0.0]])
+    assert metrics.stability(ref) == 0.75  # classes 1, 1, 0, 0, 0
+    assert metrics.stability(ref[:, None]) == 0.75  # (T, 1, C) like a traced batch of one
+    assert metrics.stability(ref[:1]) is None  # no pair of frames
+    assert metrics.stability(np.zeros((3, 1))) is None  # regression
 
 
 def test_agreement_top_k():
@@ -69,6 +78,7 @@ def test_agreement_top_k():
         ("speedup_mean", 2.0, "ratio of means"),
         ("efficiency", 0.1, "speedup / ideal"),
         ("top1_agreement", 1.5, "outside"),
+        ("top1_stability", -0.5, "outside"),
         ("refreshes", 99, "refreshes"),
     ],
 )
