@@ -4,7 +4,9 @@ For representative layers (AlexNet conv1 and conv2, ResNet-50 3x3 and 1x1,
 MobileNetV2 depthwise and pointwise) and dirty fractions 0 to 100 %, with
 blocky masks like a block matcher produces (one contiguous blob of 10x10-pixel
 matcher blocks, seen at the layer's resolution), it times the dense
-`lax.conv_general_dilated` and each implementation (medians of interleaved
+convolution the way the dense paths compute it (`dcjax.kernels.xla.dense_conv`:
+XLA's convolution, or a matrix product where that is faster on CPU) and each
+implementation (medians of interleaved
 runs after warm-up), and reports ideal = dense x pixel dirty fraction and
 efficiency = ideal / measured. Results go to ``bench-results/kernels.json`` and
 a printed table. Pallas kernels are timed only on GPU or TPU backends
@@ -34,6 +36,7 @@ from dcjax.kernels import rows as _rows
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.masked import masked_conv
 from dcjax.kernels.reference import conv
+from dcjax.kernels.xla import dense_conv
 
 __all__ = ["LAYERS", "blocky_mask", "main", "run"]
 
@@ -43,6 +46,8 @@ LAYERS: dict[str, tuple] = {
     "alexnet_conv2": (27, 27, 96, 256, 5, 1, 2, ((2, 2), (2, 2)), 8),
     "resnet50_3x3": (56, 56, 64, 64, 3, 1, 1, ((1, 1), (1, 1)), 4),
     "resnet50_1x1": (56, 56, 64, 256, 1, 1, 1, "VALID", 4),
+    "resnet50_3x3_28": (28, 28, 128, 128, 3, 1, 1, ((1, 1), (1, 1)), 8),
+    "resnet50_3x3_14": (14, 14, 256, 256, 3, 1, 1, ((1, 1), (1, 1)), 16),
     "mbv2_dw_s2": (112, 112, 96, 96, 3, 2, 96, ((0, 1), (0, 1)), 2),
     "mbv2_pw_expand": (56, 56, 24, 144, 1, 1, 1, "VALID", 4),
 }
@@ -151,7 +156,8 @@ def run(
         with jax.default_matmul_precision("highest"):
             exact = np.asarray(jax.jit(lambda x, w, kw=kw: conv(x, w, **kw))(x, w))
         with jax.default_matmul_precision(precision):
-            dense_fn = jax.jit(lambda x, w, kw=kw: conv(x, w, **kw))
+            dense_plan = _tiles.plan(x.shape, w.shape, **kw)
+            dense_fn = jax.jit(lambda x, w, p=dense_plan: dense_conv(x, w, p))
             cached = dense_fn(x, w) + 1.0  # so that reused pixels differ from fresh ones
         _, ho, wo, _ = cached.shape
         scale = float(np.abs(exact).max())

@@ -33,6 +33,7 @@ from jax import lax
 
 from dcjax.kernels import auto as _auto
 from dcjax.kernels import tiles as _tiles
+from dcjax.kernels import xla as _xla
 from dcjax.kernels.reference import conv, reference_masked_conv
 from dcjax.kernels.rows import rows_masked_conv
 from dcjax.kernels.xla import dense_conv, xla_masked_conv
@@ -233,20 +234,22 @@ def _precision_name(precision) -> str | None | bool:
 def dense_conv_eqn(eqn, invals) -> jax.Array:
     """A ``conv_general_dilated`` equation computed in full, as the dense path does.
 
-    On CPU, XLA's grouped (and depthwise) convolutions are slow; NHWC/HWIO
-    grouped convolutions go through `dcjax.kernels.xla.dense_conv` (the sparse
-    kernels' own dense path), everything else is bound as it is. The no-cache
-    baseline and the semantic exits use this so they compute convolutions the
-    way the cached step does.
+    On CPU, XLA's grouped (and depthwise) convolutions are slow, and so are
+    ungrouped ones whose weights are large against the map; NHWC/HWIO grouped
+    convolutions and those `dcjax.kernels.xla.dot_pays` picks go through
+    `dcjax.kernels.xla.dense_conv` (the sparse kernels' own dense path),
+    everything else is bound as it is. The no-cache baseline and the semantic
+    exits use this so they compute convolutions the way the cached step does.
     """
     p = eqn.params
     x, w = invals
-    if _plain(p) and p["feature_group_count"] > 1 and jax.default_backend() == "cpu":
+    if _plain(p) and jax.default_backend() == "cpu":
         tp = _tiles.plan(
             x.shape, w.shape, strides=p["window_strides"], padding=p["padding"],
             dilation=p["rhs_dilation"], groups=p["feature_group_count"],
         )  # fmt: skip
-        return dense_conv(x, w, tp)
+        if tp.groups > 1 or _xla.dot_pays(tp):
+            return dense_conv(x, w, tp)
     return eqn.primitive.bind(x, w, **p)
 
 

@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "apply_epilogue",
+    "conv_as_dot",
+    "dense_conv",
+    "dot_pays",
     "epilogue_parts",
     "gather_tiles",
     "gather_windows",
@@ -185,11 +188,68 @@ def _per_group(x: jax.Array, ws: tuple, p: _tiles.TilePlan) -> jax.Array:
     return jnp.concatenate(parts, axis=-1)
 
 
+def dot_pays(p: _tiles.TilePlan) -> bool:
+    """Whether XLA:CPU runs ungrouped convolution ``p`` faster as `conv_as_dot`.
+
+    XLA:CPU's convolution emitter is slow where the weight matrix is large
+    against the map: 1x1 convolutions (plain matrix products) and
+    convolutions on maps of 8x8 pixels or fewer with many input channels.
+    Measured on the 2-core development CPU (jaxlib 0.10.2, convolution against
+    `conv_as_dot`, medians of 25 calls, every ungrouped convolution of the
+    zoo): ResNet-50's 1x1 layers 1.04-2.25x faster as a product (7x7x512 to
+    2048: 0.64 -> 0.28 ms), its 3x3 layers on 7x7 maps 1.9-2.2x, YOLO-tiny's
+    last two 3x3 layers 1.8-2.0x, EfficientNet-Lite0's 1x1 layers on 7x7 maps
+    1.25-2.1x; 1x1 layers whose ``Cin * Cout`` is under 2**15 (EfficientNet's
+    narrow projections, 0.8-1.05x), kernels larger than 1x1 on maps of 14x14 or
+    more (0.5-1.5x, mostly slower: im2col copies each input pixel ``kh * kw``
+    times) and on few input channels (GoogLeNet's 5x5 on 32 channels, 0.67x)
+    stay convolutions. End to end (the no-cache step over vtest, interleaved
+    A/B in one process): ResNet-50 38.4 -> 28.3 ms a frame, YOLO-tiny 18.6 ->
+    16.5, EfficientNet-Lite0 7.55 -> 6.87, GoogLeNet 12.7 -> 12.1; AlexNet and
+    PilotNet unchanged.
+    """
+    if p.groups != 1:
+        return False
+    if p.kh * p.kw == 1:
+        return p.cin * p.cout >= 1 << 15
+    return p.ho * p.wo <= 64 and p.cin >= 128
+
+
+def conv_as_dot(x: jax.Array, w: jax.Array, p: _tiles.TilePlan) -> jax.Array:
+    """An ungrouped convolution as one matrix product of the input's patches.
+
+    The padded input's ``kh * kw`` strided (and dilated) slices, concatenated
+    along the channels, are the rows of an ``(N Ho Wo, kh kw Cin)`` matrix; the
+    weights reshaped to ``(kh kw Cin, Cout)`` multiply it. Same result as
+    `lax.conv_general_dilated` up to fp rounding.
+    """
+    xp = _tiles.pad_input(x, p)
+    (sy, sx), (dy, dx) = p.strides, p.dilation
+    n = xp.shape[0]
+    taps = [
+        lax.slice(
+            xp,
+            (0, ky * dy, kx * dx, 0),
+            (n, ky * dy + (p.ho - 1) * sy + 1, kx * dx + (p.wo - 1) * sx + 1, p.cin),
+            (1, sy, sx, 1),
+        )
+        for ky in range(p.kh)
+        for kx in range(p.kw)
+    ]
+    cols = taps[0] if len(taps) == 1 else jnp.concatenate(taps, axis=-1)
+    rows = cols.reshape(n * p.ho * p.wo, p.kh * p.kw * p.cin)
+    out = rows @ w.reshape(p.kh * p.kw * p.cin, p.cout)
+    return out.reshape(n, p.ho, p.wo, p.cout)
+
+
 def dense_conv(x: jax.Array, w: jax.Array, p: _tiles.TilePlan) -> jax.Array:
-    """The whole convolution, with the fast grouped path on CPU (see `valid_conv`)."""
+    """The whole convolution; on CPU grouped ones by `valid_conv`'s fast path and
+    ungrouped ones as a matrix product where `dot_pays`."""
     out_dtype = jnp.result_type(x.dtype, w.dtype)
     if jax.default_backend() == "cpu" and p.groups > 1:
         return valid_conv(_tiles.pad_input(x, p), w, p, True).astype(out_dtype)
+    if jax.default_backend() == "cpu" and dot_pays(p):
+        return conv_as_dot(x, w, p).astype(out_dtype)
     return lax.conv_general_dilated(
         x,
         w,

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 
 from dcjax.kernels import masked_conv, plan, reference_masked_conv, tiles, work_fraction
 from tests.kernels._strategies import Case, all_eqns, cases, computed_np, dense, dirty_tiles_np
@@ -187,3 +187,49 @@ def test_bfloat16_inputs_keep_dtype() -> None:
     np.testing.assert_allclose(
         np.asarray(out, np.float32)[~mask], np.asarray(ref, np.float32)[~mask], rtol=2e-2, atol=0.1
     )
+
+
+@SETTINGS
+@given(cases())
+def test_conv_as_dot_equals_the_convolution(case: Case) -> None:
+    """The im2col product matches XLA's convolution for every stride, dilation and padding."""
+    from dcjax.kernels.xla import conv_as_dot
+
+    assume(case.groups == 1)  # grouped convolutions never take this path
+    p = plan(case.x.shape, case.w.shape, **case.kwargs)
+    out = np.asarray(conv_as_dot(jnp.asarray(case.x), jnp.asarray(case.w), p))
+    np.testing.assert_allclose(out, dense(case), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "hw, cin, cout, k, as_dot",
+    [
+        (7, 512, 2048, 1, True),  # ResNet-50's 1x1 layers: a plain matrix product
+        (56, 64, 256, 1, False),  # 1x1 with Cin * Cout = 2**14: narrow, stays a convolution
+        (56, 256, 128, 1, True),
+        (7, 512, 512, 3, True),  # a 3x3 layer on a 7x7 map with many channels
+        (14, 256, 256, 3, False),  # 14x14: im2col's copies cost more than they save
+        (7, 32, 128, 5, False),  # few input channels
+        (7, 512, 512, 1, True),
+    ],
+)
+def test_dense_convolutions_go_through_a_product_where_it_pays(hw, cin, cout, k, as_dot) -> None:
+    from dcjax.kernels import dense_conv_eqn
+    from dcjax.kernels.xla import dot_pays
+
+    p = plan((1, hw, hw, cin), (k, k, cin, cout), strides=(1, 1), padding="SAME")
+    assert dot_pays(p) is as_dot
+    x = jax.random.normal(jax.random.key(0), (1, hw, hw, cin))
+    w = jax.random.normal(jax.random.key(1), (k, k, cin, cout)) * 0.05
+
+    def conv(x, w):
+        dn = ("NHWC", "HWIO", "NHWC")
+        return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn)
+
+    eqn = jax.make_jaxpr(conv)(x, w).jaxpr.eqns[0]
+    lowered = jax.make_jaxpr(lambda x, w: dense_conv_eqn(eqn, (x, w)))(x, w).jaxpr
+    names = {e.primitive.name for e in all_eqns(lowered)}
+    on_cpu = jax.default_backend() == "cpu"
+    assert ("dot_general" in names) is (as_dot and on_cpu)
+    assert ("conv_general_dilated" in names) is not (as_dot and on_cpu)
+    np.testing.assert_allclose(dense_conv_eqn(eqn, (x, w)), conv(x, w), rtol=1e-4, atol=1e-4)
