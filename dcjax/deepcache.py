@@ -204,7 +204,7 @@ class CachedModel:
         self._skips = (
             config.skip_unchanged and self._semantic is None and not self.unsupported_primitives
         )
-        self.total_flops = sum(layer.flops for layer in self.layers) + (self._analysis.other_flops)
+        self.total_flops = sum(layer.flops for layer in self.layers) + self._analysis.other_flops
         self._flops = jnp.asarray([layer.flops for layer in self.layers], jnp.float32)
         self._trace_count = 0
         # The state is donated: caches are updated in place, frame after frame.
