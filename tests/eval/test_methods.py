@@ -84,7 +84,8 @@ def test_nocache_is_the_model(spec, clip):
 @pytest.mark.parametrize("method", ["deepcache", "deepmon", "mil", "frame"])
 def test_identical_frames_give_the_uncached_output_with_reuse(spec, clip, method):
     frames = np.stack([clip[0]] * 4)
-    outs, infos, _ = _steps(make_runner(spec, method), frames)
+    runner = make_runner(spec, method)
+    outs, infos, _ = _steps(runner, frames)
     ref = _reference(spec, frames)
     np.testing.assert_allclose(outs, ref, rtol=1e-4, atol=1e-4)
     assert bool(infos[0]["refreshed"])
@@ -93,7 +94,7 @@ def test_identical_frames_give_the_uncached_output_with_reuse(spec, clip, method
     if method in ("frame", "deepcache", "mil"):
         # every convolution reused; the dense head (16 -> 10) still runs, but for `frame`
         head = 0 if method == "frame" else 2 * 16 * 10
-        expected = head / make_runner(spec, method).total_flops
+        expected = head / runner.total_flops
         assert all(float(i["flops_ratio"]) == pytest.approx(expected, abs=1e-6) for i in infos[1:])
 
 
