@@ -190,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="metrics records (default bench-results/bench.json)",
     )
     bench.add_argument("--report", metavar="PATH", help="HTML report with plots")
+    bench.add_argument(
+        "--profile",
+        action="store_true",
+        help="also time every method layer by layer on the same frames (as dcjax profile "
+        "does): the records get the times and the report a table of where the time went",
+    )
     _add_size_args(bench)
 
     prof = sub.add_parser("profile", help="where each method's time goes, layer by layer")
@@ -486,20 +492,10 @@ def _progress(items, quiet: bool, desc: str):
 
 def _profile_table(results) -> str:
     """One row per group, one column of ms a frame per method, then the totals."""
-    groups: list[str] = []
-    for _, p in results:
-        groups += [g for g in p.groups if g not in groups]
-    rows = [
-        {"group": g if len(g) <= 40 else "…" + g[-39:],
-         **{m: f"{p.groups[g]:.2f}" if g in p.groups else "-" for m, p in results}}
-        for g in groups
-    ]  # fmt: skip
-    rows.append({"group": "all operations", **{m: f"{p.total_ms:.2f}" for m, p in results}})
-    rows.append({"group": "wall time (median)", **{m: f"{p.wall_ms:.2f}" for m, p in results}})
-    note = ("ms a frame per group of operations (a loop counts with everything inside it); "
-            "operations may overlap on several threads, so they can add up to more than the "
-            "wall time")  # fmt: skip
-    return f"{_table(rows)}\n{note}"
+    from dcjax.eval import profile
+
+    rows = profile.table_rows([(m, p.as_dict()) for m, p in results])
+    return f"{_table(rows)}\n{profile.TABLE_NOTE}"
 
 
 def _annotate(frames, masks):
@@ -549,6 +545,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         width=args.width, thresholds=args.thresholds, blocks=args.blocks,
         deltas=args.deltas,
         matchers=matchers or (), progress=not args.no_progress, on_record=keep,
+        profile=args.profile,
     )  # fmt: skip
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     xla_flags = os.environ.get("XLA_FLAGS", "")

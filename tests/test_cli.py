@@ -129,6 +129,20 @@ def test_bench_writes_json_and_report(tmp_path, capsys):
     assert all(r["xla_flags"] == os.environ.get("XLA_FLAGS", "") for r in records)
 
 
+def test_bench_profile_says_where_the_time_went(tmp_path):
+    js, html = tmp_path / "b.json", tmp_path / "b.html"
+    argv = ["bench", "--models", "dave", "--videos", "vtest", "--methods", "deepcache",
+            "--frames", "5", "--width", "0.25", "--no-progress", "--profile", "--json", str(js),
+            "--report", str(html)]  # fmt: skip
+    assert cli.main(argv) == 0
+    records = json.loads(js.read_text())
+    assert [r["profile"]["frames"] for r in records] == [2, 2]
+    assert all(lay["ms"] > 0 for r in records for lay in r["per_layer"])
+    page = html.read_text()
+    section = page[page.index("Where the time went") :]
+    assert "dcjax.match" in section and records[0]["per_layer"][0]["name"] in section
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
 def test_bench_on_one_core(tmp_path):
     """``--cpus 1`` pins the process (a subprocess: pinning this one would slow the tests)."""

@@ -7,7 +7,12 @@ variants for the threshold and block-size sweeps, refinement variants for the
 ``delta`` sweep), collecting one record per
 (model, video, method variant). `compare_matchers` times each frame matcher
 alone on consecutive frames (DeepCache's Table 4). `write_json` writes records
-as the JSON list the issue specifies.
+as the JSON list the issue specifies. With ``profile=True`` every method is
+also timed layer by layer on the same frames (`dcjax.eval.profile`, what
+``dcjax profile`` prints): each record gains ``profile`` (``frames``,
+``wall_ms``, ``total_ms`` and ms a frame per ``groups``) and each of its
+``per_layer`` entries an ``ms``, so that where a speedup falls short of its
+ideal the records say which layers (or the matcher) took the time.
 
 Benchmarks are commands, not tests: the timings come from here only.
 """
@@ -28,11 +33,14 @@ import numpy as np
 from dcjax import matching, models, video
 from dcjax.config import RefineConfig
 from dcjax.eval import harness
+from dcjax.eval import profile as profile_lib
 
 __all__ = [
     "DEFAULT_MATCHERS",
     "DEFAULT_METHODS",
     "PAPER_MODELS",
+    "PROFILE_WARMUP",
+    "add_profiles",
     "compare_matchers",
     "run_bench",
     "write_json",
@@ -42,6 +50,8 @@ __all__ = [
 PAPER_MODELS = ("alexnet", "googlenet", "resnet50", "yolo_tiny", "dave")
 DEFAULT_METHODS = ("nocache", "deepcache", "deepmon", "mil", "frame")
 DEFAULT_MATCHERS = ("static", "diamond", "three_step", "exhaustive", "histogram")
+#: Frames `run_bench(profile=True)` runs untimed before it profiles a method.
+PROFILE_WARMUP = 3
 
 
 def write_json(path: str, records: Sequence[Mapping[str, Any]]) -> None:
@@ -104,6 +114,54 @@ def compare_matchers(
     return rows
 
 
+def add_profiles(
+    records: Sequence[dict[str, Any]],
+    runners: Mapping[str, Any],
+    frames: np.ndarray,
+    *,
+    progress: bool = False,
+) -> None:
+    """Profile each record's method on ``frames`` and add the times to the record.
+
+    Each record gains ``profile``: ``frames`` (timed), ``wall_ms`` (median),
+    ``total_ms`` and ``groups`` (ms a frame per group: layers, ``dcjax.match``,
+    the rest of the step; see `dcjax.eval.profile`); each ``per_layer`` entry
+    gains ``ms``, its layer's group (None where no operation carries it). A
+    method whose step is not one jitted function gets ``{"error": ...}``
+    instead. The first `PROFILE_WARMUP` frames (fewer on short clips) are
+    untimed.
+
+    Args:
+        records: metrics records of one (model, video), from
+            `dcjax.eval.harness.evaluate`.
+        runners: variant -> `Runner` (``Evaluation.runners``).
+        frames: the uint8 frames the records were measured on.
+        progress: a tqdm progress bar.
+    """
+    if len(frames) < 2:
+        raise ValueError("dcjax: profiling needs at least 2 frames")
+    warmup = min(PROFILE_WARMUP, len(frames) - 1)
+    todo: Iterable = records
+    if progress:
+        from tqdm.auto import tqdm
+
+        todo = tqdm(records, desc="profiling", unit="method", leave=False)
+    for r in todo:
+        try:
+            p = profile_lib.profile(runners[r["variant"]], frames, warmup=warmup)
+        except ValueError as e:  # a method without a jitted step
+            r["profile"] = {"error": str(e)}
+            continue
+        r["profile"] = {
+            "frames": p.frames,
+            "wall_ms": p.wall_ms,
+            "total_ms": p.total_ms,
+            "groups": dict(p.groups),
+        }
+        for layer in r["per_layer"]:
+            layer["ms"] = p.groups.get(layer["name"])
+
+
 def _variants(
     methods: Sequence[str],
     thresholds: Sequence[float],
@@ -135,6 +193,7 @@ def run_bench(
     matchers: Sequence[str] = (),
     progress: bool = True,
     on_record: Callable[[dict[str, Any]], None] | None = None,
+    profile: bool = False,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run the evaluation.
 
@@ -153,6 +212,8 @@ def run_bench(
         matchers: matchers to compare on each video (at the first model's input).
         progress: tqdm progress bars.
         on_record: called with every record as soon as it exists.
+        profile: also time every method layer by layer on the same frames
+            (`add_profiles`).
 
     Returns:
         ``(records, matcher_rows)``.
@@ -177,6 +238,8 @@ def run_bench(
             clip = harness.load_frames(paths[v], spec.frame_shape, frames=frames, start=start)
             ev = harness.evaluate(spec, clip, variants, video_label=v, progress=progress,
                                   runner_cache=cache)  # fmt: skip
+            if profile:
+                add_profiles(ev.records, ev.runners, clip, progress=progress)
             for r in ev.records:
                 r["pretrained"] = use_pretrained
                 r["width"] = width

@@ -41,7 +41,7 @@ import re
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -49,7 +49,15 @@ import numpy as np
 
 from dcjax.eval.methods import Runner
 
-__all__ = ["OUTSIDE", "Profile", "group_of", "profile", "top_level_ops"]
+__all__ = [
+    "OUTSIDE",
+    "TABLE_NOTE",
+    "Profile",
+    "group_of",
+    "profile",
+    "table_rows",
+    "top_level_ops",
+]
 
 #: The group of operations that carry no name scope.
 OUTSIDE = "(step)"
@@ -266,6 +274,38 @@ def profile(runner: Runner, frames: np.ndarray, *, warmup: int = 3) -> Profile:
         groups=total,
         ops=count,
     )
+
+
+def table_rows(columns: Sequence[tuple[str, Mapping[str, Any]]]) -> list[dict[str, str]]:
+    """One row per group, one column of ms a frame per profile, then the totals.
+
+    Args:
+        columns: ``(label, profile)`` pairs, each profile a `Profile.as_dict`
+            (or a mapping with its ``groups``, ``total_ms`` and ``wall_ms``).
+
+    Returns:
+        Rows of formatted cells: ``group`` (long names cut to their last 40
+        characters), then one cell per label ("-" where a profile lacks the
+        group), then the rows "all operations" and "wall time (median)".
+    """
+    groups: list[str] = []
+    for _, p in columns:
+        groups += [g for g in p["groups"] if g not in groups]
+    rows = [
+        {"group": g if len(g) <= 40 else "…" + g[-39:],
+         **{label: f"{p['groups'][g]:.2f}" if g in p["groups"] else "-" for label, p in columns}}
+        for g in groups
+    ]  # fmt: skip
+    rows.append({"group": "all operations", **{lb: f"{p['total_ms']:.2f}" for lb, p in columns}})
+    rows.append({"group": "wall time (median)", **{lb: f"{p['wall_ms']:.2f}" for lb, p in columns}})
+    return rows
+
+
+#: How to read `table_rows`.
+TABLE_NOTE = (
+    "ms a frame per group of operations (a loop counts with everything inside it); "
+    "operations may overlap on several threads, so they can add up to more than the wall time"
+)
 
 
 def _op(event: dict, module: str) -> str | None:

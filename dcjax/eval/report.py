@@ -4,8 +4,10 @@
 of the records, plus any extra figures, into PNG files next to the HTML
 (``<name>.png`` in the report's directory) and writes ``path``: a summary
 table (speedup, ideal, efficiency, agreement, match ratio, refreshes, cache),
-a per-layer table per (model, video, method), and every plot embedded as a
-base64 PNG that links to its file. The HTML needs nothing else to display.
+a per-layer table per (model, video, method), where the records were profiled
+(`dcjax.eval.bench.add_profiles`) a table per (model, video) of where each
+method's time went, layer by layer, and every plot embedded as a base64 PNG
+that links to its file. The HTML needs nothing else to display.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from dcjax.eval import plots
+from dcjax.eval import profile as profile_lib
 
 __all__ = ["standard_figures", "summary_rows", "write_report"]
 
@@ -95,10 +98,30 @@ def _per_layer_table(r: Mapping[str, Any]) -> str:
             "share": f"{100 * lay['flops'] / total:.1f}%",
             "reuse": f"{100 * lay['reuse_fraction']:.1f}%",
             "computed share": f"{100 * lay['flops'] * (1 - lay['reuse_fraction']) / total:.1f}%",
+            **({"ms": _fmt(lay["ms"], ".2f")} if "ms" in lay else {}),
         }
         for lay in r["per_layer"]
     ]
     return _table(rows, left=("layer",))
+
+
+def _time_sections(records: Sequence[Mapping[str, Any]]) -> str:
+    """Per (model, video), ms a frame by group for every profiled method."""
+    pairs: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for r in records:
+        if "groups" in (r.get("profile") or {}):
+            pairs.setdefault((r["model"], r["video"]), []).append(r)
+    out = []
+    for (model, video), rs in pairs.items():
+        rows = profile_lib.table_rows([(r["variant"], r["profile"]) for r in rs])
+        out.append(
+            f"<h3>{html.escape(model)} / {html.escape(os.path.basename(video))}</h3>"
+            + _table(rows, left=("group",))
+        )
+    if not out:
+        return ""
+    note = html.escape(profile_lib.TABLE_NOTE)
+    return f"<h2>Where the time went</h2><p class='note'>{note}.</p>" + "".join(out)
 
 
 def standard_figures(
@@ -202,6 +225,7 @@ floor set by matching and cache bookkeeping.</p>
 {"".join(sections)}
 <h2>Per layer</h2>
 {layer_sections}
+{_time_sections(records)}
 </body></html>
 """
     with open(path, "w", encoding="utf-8") as f:

@@ -99,3 +99,16 @@ def test_profile_needs_timed_frames_and_a_jitted_step(lopsided):
     unjitted = type(runner)(**{**runner.__dict__, "step": lambda s, f: runner.step(s, f)})
     with pytest.raises(ValueError, match="no jitted step"):
         P.profile(unjitted, frames, warmup=1)
+
+
+def test_table_rows_align_groups_across_profiles():
+    a = {"groups": {"Net/conv1": 1.0, "dcjax.match": 0.25}, "total_ms": 1.25, "wall_ms": 1.5}
+    long = "Net/" + "x" * 60
+    b = {"groups": {"Net/conv1": 0.5, long: 2.0}, "total_ms": 2.5, "wall_ms": 2.0}
+    rows = P.table_rows([("deepcache", a), ("nocache", b)])
+    assert [r["group"] for r in rows] == [
+        "Net/conv1", "dcjax.match", "…" + long[-39:], "all operations", "wall time (median)",
+    ]  # fmt: skip
+    assert [(r["deepcache"], r["nocache"]) for r in rows] == [
+        ("1.00", "0.50"), ("0.25", "-"), ("-", "2.00"), ("1.25", "2.50"), ("1.50", "2.00"),
+    ]  # fmt: skip
