@@ -112,9 +112,12 @@ def group_weights(w: jax.Array, p: _tiles.TilePlan, fast: bool) -> jax.Array | t
     """``w``, or its per-group slices where `valid_conv` convolves group by group.
 
     The tile kernel slices once per frame, in a loop that runs only when its
-    sparse path does: sliced inside the sparse loop, whose operands are pinned
-    to the step, AlexNet conv2's weights were copied on every step (AlexNet on
-    vtest: 19.2 against 17.3 ms a frame).
+    sparse path does (`sparse_or_dense`'s ``prepare``): sliced inside the
+    sparse loop, whose operands are pinned to the step, AlexNet conv2's
+    weights were copied on every step (AlexNet on vtest: 19.2 against 17.3 ms
+    a frame); sliced in a loop of its own whose result the sparse loop read,
+    the slices needed a zero-filled initial value, and XLA:CPU filled and
+    copied 3.6 MB of zeros a frame for AlexNet's three grouped layers.
     """
     g, cig = p.groups, w.shape[2]
     if not (fast and g > 1 and cig > 1):
@@ -261,7 +264,7 @@ def dense_conv(x: jax.Array, w: jax.Array, p: _tiles.TilePlan) -> jax.Array:
     ).astype(out_dtype)
 
 
-def sparse_or_dense(cached, chunks, step, use_dense, dense, operands):
+def sparse_or_dense(cached, chunks, step, use_dense, dense, operands, prepare=None):
     """A sparse kernel's output, built without `lax.cond`.
 
     ``out = cached``; then ``chunks`` steps ``out = step(i, out, *operands)``;
@@ -277,10 +280,25 @@ def sparse_or_dense(cached, chunks, step, use_dense, dense, operands):
     the loop counter: XLA hoists loop-invariant work out of loops, and the
     dense body (which does not depend on the step) or a sparse body with a
     single chunk (whose slice does not either) then ran unconditionally.
+
+    ``prepare(*operands)``, if given, returns the operands of ``step``
+    (slices of the weights, say); it runs once, before the first sparse step,
+    in a loop of zero or one trip around the sparse loop, so it costs nothing
+    on a frame with no step to run and is not repeated for each step.
     """
 
     operands = tuple(operands)
-    out = lax.fori_loop(0, chunks, lambda i, out: step(i, out, *pinned(operands, i)), cached)
+
+    def sparse(out, *ops):
+        return lax.fori_loop(0, chunks, lambda i, out: step(i, out, *pinned(ops, i)), out)
+
+    if prepare is None:
+        out = sparse(cached, *operands)
+    else:  # once, before the first step, and only when there is one
+        ran = (chunks > 0).astype(jnp.int32)
+        out = lax.fori_loop(
+            0, ran, lambda j, out: sparse(out, *prepare(*pinned(operands, j))), cached
+        )
     return run_if(use_dense, lambda *ops: dense(*ops).astype(out.dtype), operands, out)
 
 
@@ -331,16 +349,14 @@ def _masked_conv_unbatched(
     def dense(x, w, origins, epi_ops):
         return apply_epilogue(fn, dense_conv(x, w, p), *epi_ops)
 
-    parts = group_weights(w, p, fast)
-    if isinstance(parts, tuple):  # sliced only when the sparse loop runs
-        none = tuple(jnp.zeros_like(a) for a in parts)
-        parts = run_if(chunks > 0, lambda w: group_weights(w, p, fast), (w,), none)
+    prepare = None
+    if isinstance(group_weights(w, p, fast), tuple):  # per-group slices, made once a frame
 
-    def sparse_step(i, out, x, w, origins, epi_ops):
-        return step(i, out, x, parts, origins, epi_ops)
+        def prepare(x, w, origins, epi_ops):
+            return x, group_weights(w, p, fast), origins, epi_ops
 
     return sparse_or_dense(
-        cached.astype(out_dtype), chunks, sparse_step, use_dense, dense, (x, w, origins, epi_ops)
+        cached.astype(out_dtype), chunks, step, use_dense, dense, (x, w, origins, epi_ops), prepare
     )
 
 
