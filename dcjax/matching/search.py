@@ -330,6 +330,24 @@ def tail_capacity(n: int) -> int:
     return min(n, max(16, -(-n // 16 // 8) * 8))
 
 
+def steady_capacity(n: int) -> int:
+    """Slots for the blocks that move in `steady_diamond_search`: an eighth of them.
+
+    More moving blocks than slots overflow to the window search of every block,
+    which costs several times the plane path, so the slots must cover what real
+    frames give. With the transform's default key (`Config(key="reference")`,
+    reused blocks compared with the pixels their features came from) the count
+    grows with the key's age between refreshes. Measured on vtest (25 frames
+    through ``deepcache``, refresh every 10): at 448x448 (2025 blocks) 71-215
+    blocks moved at the first step, so a sixteenth (128 slots) overflowed on
+    most frames and matching took 3.7 ms a frame (median) against 1.6 ms with an
+    eighth (256; a quarter, 2.1 ms); at 224x224 (529 blocks) 17-49 moved, and an
+    eighth (72 slots) took the worst frame from 1.6 to 0.65 ms at the same
+    median (0.46-0.48 ms). A multiple of 8, at least 16, at most ``n``.
+    """
+    return min(n, max(16, -(-n // 8 // 8) * 8))
+
+
 def diamond_search(
     prev_p: jax.Array,
     blocks: Blocks,
@@ -453,7 +471,7 @@ def steady_diamond_search(
 
     The first step and, for the blocks whose centre stays at zero, the final
     small diamond take their costs from ``start_costs`` (`plane_ssd`); the
-    blocks that move are compacted into `tail_capacity` slots, their current
+    blocks that move are compacted into `steady_capacity` slots, their current
     blocks gathered from ``cur_p``, and stepped alone. The result is
     `diamond_search`'s with a zero start (up to float rounding of the SSDs),
     unless more blocks move at the first step than there are slots: then
@@ -480,7 +498,7 @@ def steady_diamond_search(
         return result, jnp.bool_(False)
     moved, best, start_ssd = _first_known(blocks, start, start_costs, LARGE_DIAMOND)
     _, stay = _choose(best, SMALL_DIAMOND, _known_costs(blocks, start, start_costs, SMALL_DIAMOND))
-    cap = tail_capacity(n)
+    cap = steady_capacity(n)
     (idx,) = jnp.nonzero(moved, size=cap, fill_value=0)
     count = moved.sum()
     valid = jnp.arange(cap) < count

@@ -337,7 +337,7 @@ def test_steady_search_runs_only_from_a_zero_start_and_falls_back_on_overflow(mo
     prev, cur = _moving_patch("coffee", seed=5)
     good0, good1 = _call(B._block_match, prev, cur), _call(B._block_match, prev, cur, (1, 0))
     movers = np.flatnonzero((np.asarray(good0.block_vectors) != 0).any(-1))
-    assert 2 <= len(movers) <= S.tail_capacity(63)
+    assert 2 <= len(movers) <= S.steady_capacity(63)
     real_planes = S.plane_ssd
     # A zero cost at their start: the blocks that move can no longer leave it.
     monkeypatch.setattr(S, "plane_ssd", lambda *a: real_planes(*a).at[0, movers].set(0.0))
@@ -356,7 +356,7 @@ def test_steady_search_runs_only_from_a_zero_start_and_falls_back_on_overflow(mo
     fn, _ = _window_only_match()
     lured = np.asarray(_call(fn, prev, cur).block_vectors).reshape(-1, 2)
     assert (lured[still[still < 54]] == (1, 0)).all()  # the last row cannot move down
-    monkeypatch.setattr(S, "tail_capacity", lambda n: 1)
+    monkeypatch.setattr(S, "steady_capacity", lambda n: 1)
     fn, _ = _window_only_match()
     over = _call(fn, prev, cur)
     np.testing.assert_array_equal(np.asarray(over.block_vectors), np.asarray(good0.block_vectors))
@@ -418,3 +418,42 @@ def test_matcher_off_cpu_has_no_data_dependent_loops(monkeypatch):
     a, b = np.asarray(cpu.block_vectors), np.asarray(gpu.block_vectors)
     assert (a != 0).any() and (a != b).any(-1).sum() <= 1  # as the steady-search test
     np.testing.assert_array_equal(np.asarray(cpu.motion), np.asarray(gpu.motion))
+
+
+def test_steady_search_holds_an_eighth_of_the_blocks_moving():
+    """`steady_diamond_search` overflows only past `steady_capacity` moving blocks
+    (an eighth of the grid), and finds the window search's vectors up to there."""
+    assert [S.steady_capacity(n) for n in (63, 529, 2025)] == [16, 72, 256]
+    rng = np.random.default_rng(0)
+    bs, n_side = 10, 24  # 576 blocks: 72 slots
+    h = w = bs * n_side
+    prev = rng.uniform(0, 255, (h + 8, w + 8)).astype(np.float32)
+    # blocks above the last row (whose source rows 2 lower are inside the frame)
+    order = rng.permutation(n_side * (n_side - 1))
+
+    def search(moving):
+        cur = prev[4 : 4 + h, 4 : 4 + w].copy()
+        for b in order[:moving]:  # these blocks come from 2 rows lower
+            y, x = divmod(int(b), n_side)
+            cur[y * bs : (y + 1) * bs, x * bs : (x + 1) * bs] = prev[
+                4 + y * bs + 2 : 4 + (y + 1) * bs + 2, 4 + x * bs : 4 + (x + 1) * bs
+            ]
+        pad = R + 2
+        (_, _), _, corners, lo, hi = B._geometry(h, w, bs, 1, R, pad)
+        prev_p = jnp.pad(
+            jnp.asarray(prev[4 : 4 + h, 4 : 4 + w])[None], ((0, 0), (pad, pad), (pad, pad))
+        )
+        cur_p = jnp.asarray(cur)[None]
+        blocks = S.Blocks(None, None, *map(jnp.asarray, (corners, lo, hi)))
+        costs = S.plane_ssd(cur_p, prev_p, pad, bs, None)
+        res, overflow = S.steady_diamond_search(
+            prev_p, cur_p, blocks, costs, pad=pad, block_size=bs, max_steps=8
+        )
+        return np.asarray(res.vectors).T, bool(overflow)
+
+    cap = S.steady_capacity(n_side * n_side)
+    vectors, overflow = search(cap)
+    assert not overflow
+    moved = order[:cap]
+    assert (vectors[moved] == (2, 0)).all() and (np.delete(vectors, moved, 0) == 0).all()
+    assert search(cap + 8)[1]  # past the slots: the window search runs instead
