@@ -89,6 +89,25 @@ def test_schedule_by_dirty_count(k: int, n_dirty: int, dense_path: bool, steps: 
         np.testing.assert_array_equal(out, cached)
 
 
+@pytest.mark.parametrize(
+    ("hw", "k", "chunk", "capacity"),
+    [
+        (7, 3, 16, 16),  # 30 % of 49 = 14 dirty at most: one 16-row step, not 32
+        (7, 1, 32, 32),  # 60 % of 49 = 29
+        (14, 3, 32, 64),  # 58 dirty at most: two 32-row steps
+        (4, 3, 8, 8),  # 4 dirty at most
+        (56, 3, 104, 1040),  # 1/32 of 3136 rows, rounded up to 8
+    ],
+)
+def test_default_chunk_is_capped_by_the_dense_threshold(hw, k, chunk, capacity) -> None:
+    """No step computes more padding rows than the sparse path can need."""
+    p = plan((1, hw, hw, 8), (k, k, 8, 8), strides=(1, 1), padding="SAME")
+    rp = row_plan(p)
+    assert rp.chunk == chunk and rp.chunk % 8 == 0
+    assert rp.max_chunks * rp.chunk == capacity >= rp.dense_threshold
+    assert rp.chunk - rp.dense_threshold < 8 or rp.max_chunks > 1
+
+
 def test_vmapped_streams_are_pooled_into_one_schedule() -> None:
     """vmap folds streams into N: scalar trip counts, no cond, results per stream."""
     rng = np.random.default_rng(1)
