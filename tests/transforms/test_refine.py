@@ -162,6 +162,36 @@ def test_layers_reading_one_map_share_its_test_and_reference():
     assert (np.asarray(info_s["reuse_fraction"])[1:] > 0.2).all(), info_s["reuse_fraction"]
 
 
+def test_maps_left_all_reusable_are_not_tested_and_keep_their_references():
+    """A frame whose blocks all match with no motion leaves every mask all reusable:
+    the change test is skipped and the references keep what the caches came from,
+    even where the frame moved past ``delta`` (the matcher's approximation)."""
+    refine = RefineConfig(delta=1e-4, layers="all")
+    cached = _transform(refine, matcher="static", psnr_threshold=20.0, refresh_every=None)
+    plain = _transform(None, matcher="static", psnr_threshold=20.0, refresh_every=None)
+    f0 = _photo_stream(1, 0.0, 0.0)[0]
+    f1 = np.clip(f0 + 0.01, 0, 1).astype(np.float32)  # ~40 dB: every block matches
+    state, sp = cached.init(), plain.init()
+    (_, _), state, _ = cached.step(state, f0)
+    _, sp, _ = plain.step(sp, f0)
+    before = [np.asarray(r) for r in state.refs]
+    out, state, info = cached.step(state, f1)
+    out_p, sp, info_p = plain.step(sp, f1)
+    assert float(info["input_reuse"]) == 1.0 and not bool(info["refreshed"])
+    np.testing.assert_array_equal(np.asarray(info["reuse_fraction"]), [1.0, 1.0])
+    for a, b in zip(out, out_p):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for old, new in zip(before, state.refs):
+        np.testing.assert_array_equal(old, np.asarray(new))
+    # the same frame with one block changed tests the maps again and updates them
+    f2 = f1.copy()
+    f2[:8, :8] = 1.0 - f2[:8, :8]
+    _, state, info = cached.step(state, f2)
+    assert float(info["input_reuse"]) < 1.0
+    assert not np.array_equal(before[0], np.asarray(state.refs[0]))
+    assert not np.array_equal(before[1], np.asarray(state.refs[1]))
+
+
 def test_refresh_resets_references():
     cached = _transform(RefineConfig(delta=0.5, layers="all"), refresh_every=3)
     frames = _photo_stream(4, 0.01, 0.01)
