@@ -8,7 +8,7 @@ number of such *dirty* pixels, pooled over the batch, decides (`row_schedule`):
   convolution, every pixel fresh (a loop of zero or one step, not a
   `lax.cond`: see `dcjax.kernels.xla.sparse_or_dense`);
 - otherwise every reusable pixel is ``cached`` bit for bit and only the dirty
-  pixels are computed: their flat indices are listed (``jnp.nonzero`` with a
+  pixels are computed: their flat indices are listed (`dcjax._compact.compact`, of a
   static size) and a `lax.fori_loop` with a dynamic trip count runs
   ``ceil(n_dirty / chunk)`` steps. Each step gathers the receptive fields of
   ``chunk`` output pixels from the padded input as rows of a
@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from dcjax._compact import compact
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.xla import (
     apply_epilogue,
@@ -153,27 +154,6 @@ def _patches(xp: jax.Array, b: jax.Array, oy: jax.Array, ox: jax.Array, p: _tile
     return win.reshape(win.shape[0], p.kh * p.kw * p.cin)
 
 
-def _dirty_rows(dirty: jax.Array, capacity: int) -> jax.Array:
-    """Int32 (capacity,): flat indices of the dirty pixels in order, then distinct
-    out-of-range indices (``>= dirty.size``, dropped by the scatter).
-
-    ``jnp.nonzero`` with the same result, by a prefix sum done as two small
-    triangular matmuls (exact in float32 below 2**24 pixels), which XLA:CPU
-    runs in about half the time of nonzero's cumsum.
-    """
-    rows, cols = dirty.shape
-    f = dirty.astype(jnp.float32)
-    within = f @ jnp.triu(jnp.ones((cols, cols), jnp.float32))  # inclusive, along a row
-    before = jnp.tril(jnp.ones((rows, rows), jnp.float32), -1) @ within[:, -1]
-    pos = (within + before[:, None]).astype(jnp.int32) - 1
-    pos = jnp.where(dirty, pos, capacity).reshape(-1)
-    size = rows * cols
-    fill = size + jnp.arange(capacity, dtype=jnp.int32)
-    return fill.at[pos].set(
-        jnp.arange(size, dtype=jnp.int32), mode="drop", unique_indices=True
-    )  # fmt: skip
-
-
 def _scatter_rows(out: jax.Array, pixels: jax.Array, vals: jax.Array) -> jax.Array:
     """Write rows ``vals`` (chunk, Cout) at pixels (chunk, 3) = (n, oy, ox); drops n >= N."""
     dnums = lax.ScatterDimensionNumbers(
@@ -192,7 +172,7 @@ def _rows_unbatched(x, w, reuse_mask, cached, epi_ops, rp: RowPlan, fn=None) -> 
     out_dtype = jnp.result_type(x.dtype, w.dtype)
     dirty = ~reuse_mask.reshape(p.n * p.ho, p.wo)
     use_dense, chunks = row_schedule(dirty.sum(), rp)
-    idx = _dirty_rows(dirty, rp.max_chunks * rp.chunk)
+    idx = compact(dirty, rp.max_chunks * rp.chunk)
     hw = p.ho * p.wo
 
     def step(i, out, x, w, idx, epi_ops):

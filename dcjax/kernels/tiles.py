@@ -50,6 +50,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from dcjax._compact import compact
+
 __all__ = [
     "TilePlan",
     "default_tile",
@@ -259,11 +261,10 @@ def dirty_tile_indices(dirty: jax.Array, p: TilePlan, capacity: int) -> tuple[ja
     Slots past the number of dirty tiles repeat the last listed dirty tile, so
     that computing them again is harmless (tile 0 when none is dirty).
     """
-    flat = dirty.reshape(-1)
-    (idx,) = jnp.nonzero(flat, size=capacity, fill_value=0)
-    count = jnp.minimum(flat.sum(), capacity)
-    last = idx[jnp.maximum(count - 1, 0)]
-    idx = jnp.where(jnp.arange(capacity) < count, idx, last).astype(jnp.int32)
+    idx = compact(dirty, capacity)
+    count = jnp.minimum(dirty.sum(), capacity)
+    last = jnp.where(count > 0, idx[jnp.maximum(count - 1, 0)], 0)
+    idx = jnp.where(jnp.arange(capacity) < count, idx, last)
     rem = idx % (p.nty * p.ntx)
     return idx // (p.nty * p.ntx), rem // p.ntx, rem % p.ntx
 

@@ -8,7 +8,7 @@ batch, decides (`tiles.schedule`):
 
 - more than ``dense_fraction`` of the tiles dirty: the dense convolution,
   every pixel fresh;
-- otherwise the dirty tiles are listed (``jnp.nonzero`` with a static size) and a
+- otherwise the dirty tiles are listed (`dcjax._compact.compact`, of a static size) and a
   `lax.fori_loop` with a dynamic trip count runs ``ceil(n_dirty / chunk)``
   steps; each step gathers the input windows (tile plus halo) of ``chunk``
   tiles from the padded input, runs one VALID convolution over that batch of

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from dcjax._compact import compact
 from dcjax._loops import skipping_pays
 
 # Large diamond search pattern (Zhu & Ma 1997) around the centre (0, 0).
@@ -368,8 +369,8 @@ def diamond_search(
     Blocks converge at different speeds, and a few stragglers would make every
     block pay for their steps. So the large-diamond loop runs on all blocks
     only while more than `tail_capacity` of them are moving; then the moving
-    ones are compacted into that many slots (``jnp.nonzero`` with a static
-    size) and a second loop steps only those. The result is the same as
+    ones are compacted into that many slots (`dcjax._compact.compact`, of a
+    static size) and a second loop steps only those. The result is the same as
     stepping every block until all stop.
 
     With ``fixed_steps`` (the default off CPU, see `dcjax._loops.skipping_pays`)
@@ -415,8 +416,8 @@ def diamond_search(
 
     if cap < n:
         # The stragglers: at most `cap` blocks, in static slots.
-        (idx,) = jnp.nonzero(active, size=cap, fill_value=0)
         valid = jnp.arange(cap) < active.sum()
+        idx = jnp.where(valid, compact(active, cap), 0)
         sub_best = _stragglers(
             prev_p, _take(blocks, idx), best, idx, active[idx] & valid, it, max_steps
         )
@@ -499,9 +500,9 @@ def steady_diamond_search(
     moved, best, start_ssd = _first_known(blocks, start, start_costs, LARGE_DIAMOND)
     _, stay = _choose(best, SMALL_DIAMOND, _known_costs(blocks, start, start_costs, SMALL_DIAMOND))
     cap = steady_capacity(n)
-    (idx,) = jnp.nonzero(moved, size=cap, fill_value=0)
     count = moved.sum()
     valid = jnp.arange(cap) < count
+    idx = jnp.where(valid, compact(moved, cap), 0)
     sub = _take(blocks, idx, (cur_p, pad, block_size))
     active = moved[idx] & valid
     sub_best = _stragglers(prev_p, sub, best, idx, active, jnp.int32(1), max_steps, chain=True)
