@@ -254,3 +254,43 @@ def test_grouped_weights_are_sliced_once_a_frame_with_no_placeholder() -> None:
     ref = np.asarray(reference_masked_conv(x, w, mask, cached, **kw))
     np.testing.assert_allclose(out[~mask], ref[~mask], rtol=1e-5, atol=1e-5)
     assert (out[0, 10:, :2] == 7.0).all()  # a clean tile keeps the cache
+
+
+@pytest.mark.parametrize(
+    "cin, cout, padded",
+    [(3, 24, True), (3, 32, True), (3, 17, True), (3, 16, False), (3, 40, False), (4, 24, False)],
+)
+def test_rgb_layers_with_17_to_32_outputs_get_a_zero_fourth_channel(cin, cout, padded) -> None:
+    """The dense path and the tile kernel's sparse path both pad where `rgb_pays`, and
+    compute the same convolution as XLA's on the three channels."""
+    from dcjax.kernels import dense_conv_eqn
+    from dcjax.kernels.xla import rgb_pays
+
+    kw = dict(strides=(2, 2), padding=((1, 1), (1, 1)))
+    p = plan((1, 20, 22, cin), (3, 3, cin, cout), **kw)
+    assert rgb_pays(p) is padded
+    rng = np.random.default_rng(cout)
+    x = rng.normal(size=(1, 20, 22, cin)).astype(np.float32)
+    w = rng.normal(size=(3, 3, cin, cout)).astype(np.float32)
+    mask = np.ones((1, p.ho, p.wo), bool)
+    mask[0, 2:5, 3:7] = False
+    cached = np.zeros((1, p.ho, p.wo, cout), np.float32)
+
+    def conv(x, w):
+        dn = ("NHWC", "HWIO", "NHWC")
+        return jax.lax.conv_general_dilated(x, w, (2, 2), kw["padding"], dimension_numbers=dn)
+
+    want = np.asarray(conv(x, w))
+    eqn = jax.make_jaxpr(conv)(x, w).jaxpr.eqns[0]
+    channels = 4 if padded and jax.default_backend() == "cpu" else cin
+    paths = {
+        "dense": (lambda x, w: dense_conv_eqn(eqn, (x, w)), np.ones_like(mask)),
+        "sparse": (lambda x, w: masked_conv(x, w, mask, cached, impl="xla", **kw), ~mask),
+    }
+    for name, (fn, fresh) in paths.items():
+        jaxpr = jax.make_jaxpr(fn)(x, w).jaxpr
+        convs = [e for e in all_eqns(jaxpr) if e.primitive.name == "conv_general_dilated"]
+        assert convs, name
+        assert {e.invars[0].aval.shape[-1] for e in convs} == {channels}, name
+        out = np.asarray(jax.jit(fn)(x, w))
+        np.testing.assert_allclose(out[fresh], want[fresh], rtol=1e-4, atol=1e-4, err_msg=name)
