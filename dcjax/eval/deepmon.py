@@ -8,10 +8,10 @@ DeepMon's policy, on top of dcjax's reuse machinery:
 - each frame is compared with the previous one (``Config(key="previous")``),
   as in the paper, not with the pixels the caches were computed from;
 - only the first ``first_convs`` convolutions are cached; every later one is
-  recomputed in full. The paper picks N empirically per model; the default here
-  is the leading convolutions whose output stride is at most ``max_stride``
-  (4), the high-resolution layers where a grid cell still spans several output
-  pixels;
+  recomputed in full, on still frames too (``skip_unchanged=False``). The
+  paper picks N empirically per model; the default here is the leading
+  convolutions whose output stride is at most ``max_stride`` (4), the
+  high-resolution layers where a grid cell still spans several output pixels;
 - reuse inside a cached layer follows the cells' receptive fields (DeepMon's
   Figure 7: a cell's border is reused only where the neighbouring cell is
   cacheable too), which is exactly dcjax's AND-pool propagation;
@@ -97,6 +97,9 @@ def _deepmon(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
         refresh_every=refresh_every,
         alignment="exact",
         min_match=0.0,
+        # DeepMon recomputes every layer after the first N on every frame,
+        # still or not; skipping the network on a still frame is dcjax's
+        skip_unchanged=False,
     )
     cached = transform(spec, cfg)
     first = opts.get("first_convs")

@@ -44,9 +44,12 @@ def test_outputs_match_nocache_on_identical_frames(spec, clip):
                                atol=1e-4)  # fmt: skip
     rec = ev.records[1]
     assert rec["top1_agreement"] == 1.0
+    # 1 full frame, 3 still ones that skip the network (`skip_unchanged`)
+    assert rec["ideal_speedup"] == pytest.approx(4.0)
+    ev = harness.evaluate(spec, frames, ["deepcache:skip_unchanged=False"], progress=False)
     # 1 full frame, 3 where only the dense head (16 -> 10) runs
-    head = 2 * 16 * 10 / rec["total_flops"]
-    assert rec["ideal_speedup"] == pytest.approx(4.0 / (1.0 + 3 * head))
+    head = 2 * 16 * 10 / ev.records[1]["total_flops"]
+    assert ev.records[1]["ideal_speedup"] == pytest.approx(4.0 / (1.0 + 3 * head))
 
 
 def test_wrong_frame_shape_is_an_error(spec, clip):

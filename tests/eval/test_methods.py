@@ -93,7 +93,8 @@ def test_identical_frames_give_the_uncached_output_with_reuse(spec, clip, method
     assert all(float(i["flops_ratio"]) < 1.0 for i in infos[1:])
     if method in ("frame", "deepcache", "mil"):
         # every convolution reused; the dense head (16 -> 10) still runs, but for `frame`
-        head = 0 if method == "frame" else 2 * 16 * 10
+        # and `deepcache`, which skip the network on a still frame (`skip_unchanged`)
+        head = 0 if method in ("frame", "deepcache") else 2 * 16 * 10
         expected = head / runner.total_flops
         assert all(float(i["flops_ratio"]) == pytest.approx(expected, abs=1e-6) for i in infos[1:])
 
@@ -126,6 +127,8 @@ def test_deepmon_reuses_only_the_first_convs(spec, clip):
         rf = info["reuse_fraction"]
         assert rf[0] == pytest.approx(1.0)
         assert np.all(rf[1:] == 0.0)
+        assert not bool(info["skipped"])  # DeepMon runs its later layers on still frames too
+    assert runner.config["skip_unchanged"] is False
     assert runner.config["matcher"] == "histogram"
     assert runner.config["cached_layers"] == [runner.layers[0].name]
 
