@@ -35,6 +35,7 @@ running the network (`Config.skip_unchanged`, on by default).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -216,6 +217,7 @@ class CachedModel:
         self._trace_count = 0
         # The state is donated: caches are updated in place, frame after frame.
         self._step_jit = jax.jit(self._step_impl, donate_argnums=(1,))
+        self._profiled_jit = None  # `_program`'s step, made when first asked for
         self._run_jit = jax.jit(self._run_impl, donate_argnums=(1,))
         self._apply_jit = jax.jit(self._apply_impl)
 
@@ -288,9 +290,19 @@ class CachedModel:
         return self._step_jit(self._traced.leaves, state, frame, match)
 
     def _program(self, state: CacheState, frame: jax.Array) -> tuple[Any, tuple]:
-        """``(jitted, args)`` with ``jitted(*args) == step(state, frame)``, for profiling."""
+        """``(jitted, args)`` with ``jitted(*args)`` the step on ``(state, frame)``, for profiling.
+
+        A still frame runs the network here instead of being skipped
+        (`Config.skip_unchanged`), and no frame's network runs inside the
+        skipping loop, so that the profiler sees every layer's operations at
+        the top level; otherwise it is `step`, with the same state layout.
+        """
         frame = self._check_frame(frame, "frame", 3)
-        return self._step_jit, (self._traced.leaves, state, frame, None)
+        if self._profiled_jit is None:
+            self._profiled_jit = jax.jit(
+                functools.partial(self._step_impl, skip_still=False), donate_argnums=(1,)
+            )
+        return self._profiled_jit, (self._traced.leaves, state, frame, None)
 
     def run(
         self,
@@ -538,7 +550,9 @@ class CachedModel:
 
         return refs, scales, refine_fn
 
-    def _step_impl(self, leaves, state: CacheState, frame, match: Match | None):
+    def _step_impl(
+        self, leaves, state: CacheState, frame, match: Match | None, skip_still: bool = True
+    ):
         self._trace_count += 1
         cfg = self.config
         x = self._prepare(frame)
@@ -570,7 +584,7 @@ class CachedModel:
         n_layers = len(self.layers)
         semantic, semantic_info = state.semantic, {}
         skip = jnp.bool_(False)
-        if self._skips:
+        if self._skips and skip_still:
             # A still scene: every layer's mask would be all reusable, so the
             # network would return its last output and keep every cache. The
             # step then runs in a loop of zero trips (a loop carry keeps its

@@ -90,7 +90,6 @@ def test_run_writes_json_and_annotated_video(tmp_path, capsys):
 def test_profile_prints_where_the_time_goes_and_writes_json(tmp_path, capsys):
     js = tmp_path / "profile.json"
     argv = ["profile", "vtest", "--model", "dave", "--width", "0.25", "--frames", "7",
-            "--methods", "nocache", "deepcache:skip_unchanged=False",  # no still frame skipped
             "--no-progress", "--json", str(js)]  # fmt: skip
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
@@ -132,8 +131,7 @@ def test_bench_writes_json_and_report(tmp_path, capsys):
 
 def test_bench_profile_says_where_the_time_went(tmp_path):
     js, html = tmp_path / "b.json", tmp_path / "b.html"
-    argv = ["bench", "--models", "dave", "--videos", "vtest", "--methods",
-            "deepcache:skip_unchanged=False",  # still frames run the network: layer times
+    argv = ["bench", "--models", "dave", "--videos", "vtest", "--methods", "deepcache",
             "--frames", "5", "--width", "0.25", "--no-progress", "--profile", "--json", str(js),
             "--report", str(html)]  # fmt: skip
     assert cli.main(argv) == 0

@@ -8,7 +8,11 @@ the traced model, named by its module path as in ``CachedModel.layers``
 (``AlexNet/conv3/conv``), another part of the model (``AlexNet/pool1``), or a
 part of the step outside the model (``dcjax.match``, the block matcher);
 operations with no name scope form the group ``(step)``, and those whose
-metadata XLA dropped one group per opcode (``(dot)``).
+metadata XLA dropped one group per opcode (``(dot)``). A DeepCache step is
+profiled with still frames run through the network rather than skipped
+(`dcjax.deepcache.Config.skip_unchanged`), so that every frame's time has
+layers to go to; a skipped still frame's cost is ``static_frame_ms`` in the
+bench's records.
 
 How: the caching interpreter evaluates each equation of the model inside a
 `jax.named_scope` of its layer (`dcjax.transforms.interpreter`), so every

@@ -8,7 +8,7 @@ from dcjax.eval import bench, harness
 
 
 def test_add_profiles_puts_each_methods_layer_times_in_its_record(spec, clip):
-    method = "deepcache:skip_unchanged=False"  # the network runs on still frames too
+    method = "deepcache"  # the profile runs the network on still frames too
     ev = harness.evaluate(spec, clip, [method], progress=False)
     records = ev.records
     bench.add_profiles(records, ev.runners, clip)

@@ -84,8 +84,10 @@ def test_profile_charges_layers_by_their_work(lopsided):
     assert nocache.groups[heavy] > 3 * nocache.groups[light] > 0
     # the operations cover the step: at least half its wall time, less than 4 threads' worth
     assert 0.5 * nocache.wall_ms < nocache.total_ms < 4 * nocache.wall_ms
-    # vtest's first frames at 96x96 match whole: a still frame would skip the network
-    runner = make_runner(lopsided, "deepcache", {"skip_unchanged": False})
+    # vtest's first frames at 96x96 match whole: the step would skip the network on
+    # them (`skip_unchanged`), the profile runs it to see every layer
+    runner = make_runner(lopsided, "deepcache")
+    assert runner.cached.config.skip_unchanged
     cached = P.profile(runner, frames, warmup=2)
     assert cached.groups["dcjax.match"] > 0 and heavy in cached.groups
     assert set(cached.as_dict()) >= {"method", "wall_ms", "groups", "total_ms"}
