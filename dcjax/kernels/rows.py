@@ -85,11 +85,15 @@ class RowPlan:
     @property
     def dense_threshold(self) -> int:
         """Dirty-pixel count above which the dense convolution runs (at least 1)."""
-        return max(1, math.floor(self.dense_fraction * self.rows))
+        return _dense_threshold(self.dense_fraction, self.rows)
 
     @property
     def max_chunks(self) -> int:
         return math.ceil(self.dense_threshold / self.chunk)
+
+
+def _dense_threshold(dense_fraction: float, rows: int) -> int:
+    return max(1, math.floor(dense_fraction * rows))
 
 
 def row_plan(
@@ -117,7 +121,7 @@ def row_plan(
     if not 0.0 <= dense_fraction <= 1.0:
         raise ValueError(f"dcjax: dense_fraction must be in [0, 1], got {dense_fraction}")
     if chunk is None:
-        threshold = max(1, math.floor(dense_fraction * rows))
+        threshold = _dense_threshold(dense_fraction, rows)
         chunk = min(512, max(32, 8 * math.ceil(rows / 32 / 8)), 8 * math.ceil(threshold / 8))
     if chunk < 1:
         raise ValueError(f"dcjax: row chunk must be positive, got {chunk}")
@@ -170,7 +174,7 @@ def _scatter_rows(out: jax.Array, pixels: jax.Array, vals: jax.Array) -> jax.Arr
 def _rows_unbatched(x, w, reuse_mask, cached, epi_ops, rp: RowPlan, fn=None) -> jax.Array:
     p = rp.tiles
     out_dtype = jnp.result_type(x.dtype, w.dtype)
-    dirty = ~reuse_mask.reshape(p.n * p.ho, p.wo)
+    dirty = ~reuse_mask.reshape(-1)
     use_dense, chunks = row_schedule(dirty.sum(), rp)
     idx = compact(dirty, rp.max_chunks * rp.chunk)
     hw = p.ho * p.wo

@@ -331,6 +331,12 @@ def tail_capacity(n: int) -> int:
     return min(n, max(16, -(-n // 16 // 8) * 8))
 
 
+def _slots(flags: jax.Array, cap: int) -> tuple[jax.Array, jax.Array]:
+    """``(idx, valid)``, each (cap,): the flagged blocks' indices (0 in unused slots)."""
+    valid = jnp.arange(cap) < flags.sum()
+    return jnp.where(valid, compact(flags, cap), 0), valid
+
+
 def steady_capacity(n: int) -> int:
     """Slots for the blocks that move in `steady_diamond_search`: an eighth of them.
 
@@ -416,8 +422,7 @@ def diamond_search(
 
     if cap < n:
         # The stragglers: at most `cap` blocks, in static slots.
-        valid = jnp.arange(cap) < active.sum()
-        idx = jnp.where(valid, compact(active, cap), 0)
+        idx, valid = _slots(active, cap)
         sub_best = _stragglers(
             prev_p, _take(blocks, idx), best, idx, active[idx] & valid, it, max_steps
         )
@@ -501,8 +506,7 @@ def steady_diamond_search(
     _, stay = _choose(best, SMALL_DIAMOND, _known_costs(blocks, start, start_costs, SMALL_DIAMOND))
     cap = steady_capacity(n)
     count = moved.sum()
-    valid = jnp.arange(cap) < count
-    idx = jnp.where(valid, compact(moved, cap), 0)
+    idx, valid = _slots(moved, cap)
     sub = _take(blocks, idx, (cur_p, pad, block_size))
     active = moved[idx] & valid
     sub_best = _stragglers(prev_p, sub, best, idx, active, jnp.int32(1), max_steps, chain=True)

@@ -17,8 +17,7 @@ motion) is not tested (on CPU, in a loop of zero trips): ``R_in'`` is all
 reusable whatever the test says, and the reference keeps the values the caches
 were computed from. On the still opening of the bundled handheld clip this took
 ResNet-50's refined step from 6.2 to 3.3 ms a frame (plain DeepCache 3.5 and
-3.0 ms in the same two runs; medians of 40 frames).
-The threshold is
+3.0 ms in the same two runs; medians of 40 frames). The threshold is
 ``delta_l = delta * scale_l`` where ``scale_l`` is the mean per-pixel magnitude
 of the layer's input (the same metric applied to ``x`` against zero) on the
 first frame: one user-facing knob instead of a per-layer search.
