@@ -14,11 +14,18 @@ The table below was measured with::
 on the 2-core CPU of the development machine (jax 0.10.2, XLA:CPU, shared with
 other jobs, so minima of interleaved runs were compared), keyed by layer class:
 
-- ``spatial`` (k > 1, groups = 1; AlexNet conv1, ResNet-50 3x3): `xla` is
-  2.7-4.3x faster than dense at 10 % dirty pixels, 1.65-2.3x at 25 %,
-  1.1-1.3x at 50 % and equal to dense at 100 % (dense fallback); `rows` pays
-  for copying each input pixel into up to ``kh * kw`` rows (ResNet-50 3x3 at
-  25 %: 1.0x against `xla`'s 1.9x). Choice: ``xla``.
+- ``spatial`` (k > 1, groups = 1; AlexNet conv1, ResNet-50 3x3): with at
+  least `rows.TAP_ROWS_MIN_CIN` input channels (`rows_pays`), ``rows``: since
+  its halving steps and per-tap row gathers it beats the tile kernel on
+  ResNet-50's 3x3 layers on 28x28 to 7x7 maps (blob masks at 25 % dirty:
+  2.0-3.0x against 0.8-2.1x faster than dense) and matches it on 56x56; end to
+  end (``dcjax bench --models resnet50 alexnet googlenet yolo_tiny --methods
+  nocache deepcache deepcache+refine --frames 40`` on vtest, two runs each of
+  the former and the new choice, alternating): ResNet-50 1.28/1.33x ->
+  1.46/1.41x, with refinement 1.47/1.54x -> 1.74/1.77x, YOLO-tiny 1.52/1.45x
+  -> 1.65/1.64x, AlexNet 1.04/1.05x -> 1.07/1.08x, GoogLeNet level. With
+  fewer channels (AlexNet's conv1 on RGB) ``xla``, the tile kernel: 2.7-4.3x
+  faster than dense at 10 % dirty pixels, 1.65-2.3x at 25 %.
 - ``pointwise`` (1x1; ResNet-50 1x1, MobileNetV2 expansion): memory-bound.
   With one contiguous blob (``--impls xla,rows``) `rows` and `xla` are within
   noise of each other (ResNet-50 1x1: 2.3-2.8x at 10 %, 1.5-1.7x at 25 %); with
@@ -67,8 +74,8 @@ layers as well) reached 1.03-1.07x.
 
 Scattered masks: refinement (`dcjax.transforms.refine`) makes reuse masks
 scattered at pixel level inside the network, where a tile-granular kernel
-finds almost every tile dirty. With ``scattered=True`` spatial layers go to
-``rows`` too. Measured end to end on ResNet-50 over vtest with
+finds almost every tile dirty. With ``scattered=True`` every spatial layer
+goes to ``rows``, whatever its channels. Measured end to end on ResNet-50 over vtest with
 ``RefineConfig(delta=0.05)`` and ``0.1`` (20 frames, medians of one run):
 54.8 and 50.8 ms a frame with ``rows`` on every layer against 59.4 and 57.7
 ms with the tile kernel on spatial layers.
@@ -110,9 +117,18 @@ kernel.
 
 from __future__ import annotations
 
+from dcjax.kernels import rows as _rows
 from dcjax.kernels.tiles import TilePlan
 
-__all__ = ["LARGE_MAP_PIXELS", "SMALL_LAYER_FLOPS", "TABLE", "choose", "large_map", "layer_class"]
+__all__ = [
+    "LARGE_MAP_PIXELS",
+    "SMALL_LAYER_FLOPS",
+    "TABLE",
+    "choose",
+    "large_map",
+    "layer_class",
+    "rows_pays",
+]
 
 #: Layers with fewer dense FLOPs than this run dense on CPU (see above)...
 SMALL_LAYER_FLOPS = 40e6
@@ -149,9 +165,15 @@ def choose(
     """
     if backend == "cpu" and dense_flops(p) < SMALL_LAYER_FLOPS and not large_map(p):
         return "dense", None
-    if scattered and backend == "cpu" and layer_class(p) == "spatial":
+    if backend == "cpu" and layer_class(p) == "spatial" and (scattered or rows_pays(p)):
         return "rows", None
     return TABLE.get((backend, layer_class(p)), ("xla", None))
+
+
+def rows_pays(p: TilePlan) -> bool:
+    """A spatial layer whose input pixels are long enough rows for the row kernel's
+    per-tap gathers (`dcjax.kernels.rows`)."""
+    return p.cin >= _rows.TAP_ROWS_MIN_CIN
 
 
 def large_map(p: TilePlan) -> bool:

@@ -86,8 +86,8 @@ def _work(impl: str, mask: jax.Array, p: _tiles.TilePlan) -> float:
         return 1.0
     if impl == "rows" and p.groups == 1:
         rp = _rows.row_plan(p)
-        dense, steps = _rows.row_schedule((~mask).sum(), rp)
-        return 1.0 if bool(dense) else min(1.0, int(steps) * rp.chunk / rp.rows)
+        dense, units = _rows.row_schedule((~mask).sum(), rp)
+        return 1.0 if bool(dense) else min(1.0, int(units) * rp.chunk / rp.rows)
     return float(_tiles.work_fraction(mask, p))
 
 

@@ -1,4 +1,4 @@
-"""Row-sparse masked convolution: gather dirty output pixels, one matmul per chunk, scatter rows.
+"""Row-sparse masked convolution: gather dirty output pixels, one matmul per step, scatter rows.
 
 Contract (the `masked_conv` contract at pixel granularity): the output equals
 ``lax.conv_general_dilated`` on every pixel whose reuse flag is false. The
@@ -8,26 +8,38 @@ number of such *dirty* pixels, pooled over the batch, decides (`row_schedule`):
   convolution, every pixel fresh (a loop of zero or one step, not a
   `lax.cond`: see `dcjax.kernels.xla.sparse_or_dense`);
 - otherwise every reusable pixel is ``cached`` bit for bit and only the dirty
-  pixels are computed: their flat indices are listed (`dcjax._compact.compact`, of a
-  static size) and a `lax.fori_loop` with a dynamic trip count runs
-  ``ceil(n_dirty / chunk)`` steps. Each step gathers the receptive fields of
-  ``chunk`` output pixels from the padded input as rows of a
-  ``(chunk, kh * kw * Cin)`` matrix (im2col restricted to those pixels),
-  multiplies it by the ``(kh * kw * Cin, Cout)`` weight matrix and scatters the
-  rows into the output, which starts as ``cached`` (in place when the caller
-  donates the cache, as the transform's jitted step and `lax.scan` do).
+  pixels are computed: their flat indices are listed (`dcjax._compact.compact`,
+  of a static size) and computed in steps of static sizes ``chunk * 2**j``
+  (`RowPlan.sizes`), largest first, each a loop of zero or one trip that runs
+  when bit j of ``ceil(n_dirty / chunk)`` is set: any count is covered with
+  less than one ``chunk`` of padding rows, in at most ``log2`` steps. Each
+  step gathers the receptive fields of its output pixels from the padded input
+  as rows of a ``(size, kh * kw * Cin)`` matrix (im2col restricted to those
+  pixels), multiplies it by the ``(kh * kw * Cin, Cout)`` weight matrix and
+  scatters the rows into the output, which starts as ``cached`` (in place when
+  the caller donates the cache, as the transform's jitted step and `lax.scan`
+  do).
 
-Why a second sparse kernel next to the tile kernel (`dcjax.kernels.xla`): a
-pointwise convolution has no halo, so nothing forces the work into tiles; at
-pixel granularity no reusable pixel of a partly dirty tile is recomputed, and
-XLA:CPU runs the row matmul near its dense-matmul speed. Measured on the
-development CPU with blob masks (``python -m dcjax.kernels.bench --impls
-xla,rows``), ResNet-50's 1x1 layers (56x56 to 14x14) ran 1.6-1.9x faster than
-dense at 30 % dirty pixels, where the tile kernel was 0.7-1.2x, and 2.7-3.6x
-at 10 % (tiles: 1.1-3.2x); the row kernel fell behind dense at 60-70 %. For
-k > 1 the row gather copies each input pixel up to ``kh * kw`` times: 3x3
-layers ran 1.85-1.97x at 10 % (tiles 0.7-1.7x), even at 30 %, and slower
-than dense above, hence the lower dense cut-off for spatial kernels.
+Why a second sparse kernel next to the tile kernel (`dcjax.kernels.xla`): at
+pixel granularity no reusable pixel of a partly dirty tile is recomputed (a
+pointwise convolution has no halo that would force tiles), and XLA:CPU runs
+the row matmul at its dense-matmul speed once the matrix has enough rows.
+
+Why halving steps and not a loop over fixed chunks: XLA:CPU's matrix product
+runs small row counts at a fraction of its speed (2304x256 weights: 32 rows at
+~80 GFLOP/s, 128 and more at ~190 on the 2-core development CPU), so a loop of
+32-row chunks ran ResNet-50's 3x3 layers at half the dense speed, and a loop of
+128-row chunks padded small counts by up to 127 rows. With the halving steps
+and per-tap row gathers (`_patches`), measured against the former 32-row loop
+on scattered masks (cache donated, medians of 25 interleaved calls, dense
+fallback off): ResNet-50's 3x3 layers at 50 % dirty pixels 3.2 -> 1.9 ms
+(56x56x64), 3.2 -> 1.4 (28x28), 2.2 -> 1.2 (14x14), where dense took 2.7,
+2.6, 1.5 ms; at 90 % 5.3 -> 2.6 ms on 56x56 (dense 2.5). So the row kernel now
+breaks even with dense at 60-70 % dirty pixels for 3x3 kernels as for 1x1
+(`DENSE_FRACTION`), and with blob masks (``python -m dcjax.kernels.bench
+--impls xla,rows``) it beats the tile kernel on ResNet-50's 3x3 layers on
+28x28 to 7x7 maps (at 25 % dirty: 2.0-3.0x against 0.8-2.1x faster than
+dense) and matches it on 56x56.
 
 Groups: ``groups == 1`` only (grouped and depthwise convolutions go through the
 tile kernel). Batched streams are pooled into one list like the tile kernel
@@ -46,24 +58,32 @@ import jax.numpy as jnp
 from jax import lax
 
 from dcjax._compact import compact
+from dcjax._loops import pinned, run_if
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.xla import (
     apply_epilogue,
     dense_conv,
     epilogue_parts,
     pooled_over_streams,
-    sparse_or_dense,
 )
 
 if TYPE_CHECKING:
     from dcjax.kernels.masked import Epilogue
 
-__all__ = ["DENSE_FRACTION", "RowPlan", "row_plan", "row_schedule", "rows_masked_conv"]
+__all__ = [
+    "DEFAULT_CHUNK",
+    "DENSE_FRACTION",
+    "TAP_ROWS_MIN_CIN",
+    "RowPlan",
+    "row_plan",
+    "row_schedule",
+    "rows_masked_conv",
+]
 
 #: Dirty-pixel fraction above which the dense convolution runs, for pointwise
-#: (1x1) and spatial kernels: where the row kernel stopped beating dense in the
-#: sweep quoted in the module docstring.
-DENSE_FRACTION: dict[str, float] = {"pointwise": 0.6, "spatial": 0.3}
+#: (1x1) and spatial kernels: where the row kernel stops beating dense in the
+#: sweeps quoted in the module docstring.
+DENSE_FRACTION: dict[str, float] = {"pointwise": 0.6, "spatial": 0.6}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +93,8 @@ class RowPlan:
     Attributes:
         tiles: the convolution's `tiles.TilePlan` (geometry, padding).
         rows: output pixels over the batch, N * Ho * Wo.
-        chunk: output pixels computed per step of the sparse loop.
+        chunk: the smallest step: dirty pixels are computed in steps of
+            ``chunk * 2**j`` rows (`sizes`).
         dense_fraction: fraction of dirty pixels above which the dense path runs.
     """
 
@@ -88,12 +109,26 @@ class RowPlan:
         return _dense_threshold(self.dense_fraction, self.rows)
 
     @property
-    def max_chunks(self) -> int:
-        return math.ceil(self.dense_threshold / self.chunk)
+    def sizes(self) -> tuple[int, ...]:
+        """Step sizes, largest first: ``chunk * 2**j`` for j = J..0, J the least
+        with ``chunk * (2**(J + 1) - 1) >= dense_threshold``."""
+        j = 0
+        while self.chunk * ((2 << j) - 1) < self.dense_threshold:
+            j += 1
+        return tuple(self.chunk << i for i in range(j, -1, -1))
+
+    @property
+    def capacity(self) -> int:
+        """Dirty-pixel slots of the sparse path: the sum of `sizes`."""
+        return sum(self.sizes)
 
 
 def _dense_threshold(dense_fraction: float, rows: int) -> int:
     return max(1, math.floor(dense_fraction * rows))
+
+
+#: The smallest step of the sparse path (rows), where the dense threshold allows.
+DEFAULT_CHUNK = 16
 
 
 def row_plan(
@@ -104,16 +139,10 @@ def row_plan(
 ) -> RowPlan:
     """The row plan of a convolution.
 
-    The default ``chunk`` is 1/32 of the output pixels rounded up to a multiple
-    of 8 and clipped to [32, 512]: at most ~3 % of the work is padding slots,
-    and the matmul keeps enough rows to run near full speed. It never exceeds
-    the dense threshold rounded up to a multiple of 8: on small maps (7x7,
-    14x14 with a 30 % threshold) a 32-row chunk holds more rows than the sparse
-    path can ever have dirty, and the padding rows cost as much as real ones
-    (ResNet-50's 3x3 layers on 7x7x512 maps at 10-30 % scattered dirty pixels:
-    0.37-0.38 ms a call with 16-row chunks against 0.54-0.55 ms with 32, dense
-    0.69 ms; the kernel bench's ``resnet50_3x3_7`` layer). The default
-    ``dense_fraction`` is `DENSE_FRACTION` of the kernel's class.
+    The default ``chunk`` (the smallest step) is `DEFAULT_CHUNK` rows, or the
+    dense threshold rounded up to a multiple of 8 where that is smaller (a 7x7
+    map); the default ``dense_fraction`` is `DENSE_FRACTION` of the kernel's
+    class.
     """
     rows = p.n * p.ho * p.wo
     if dense_fraction is None:
@@ -122,25 +151,42 @@ def row_plan(
         raise ValueError(f"dcjax: dense_fraction must be in [0, 1], got {dense_fraction}")
     if chunk is None:
         threshold = _dense_threshold(dense_fraction, rows)
-        chunk = min(512, max(32, 8 * math.ceil(rows / 32 / 8)), 8 * math.ceil(threshold / 8))
+        chunk = min(DEFAULT_CHUNK, 8 * math.ceil(threshold / 8))
     if chunk < 1:
         raise ValueError(f"dcjax: row chunk must be positive, got {chunk}")
     return RowPlan(p, rows, min(chunk, rows), dense_fraction)
 
 
 def row_schedule(n_dirty: jax.Array, rp: RowPlan) -> tuple[jax.Array, jax.Array]:
-    """(dense, chunks): whether the dense path runs, else how many sparse steps."""
+    """(dense, units): whether the dense path runs, else the dirty pixels in
+    ``chunk``-row units, ``ceil(n_dirty / chunk)``, whose binary digits say
+    which `RowPlan.sizes` run (bit j: the step of ``chunk * 2**j`` rows)."""
     dense = n_dirty > rp.dense_threshold
-    chunks = jnp.where(dense, 0, (n_dirty + rp.chunk - 1) // rp.chunk)
-    return dense, chunks.astype(jnp.int32)
+    units = jnp.where(dense, 0, (n_dirty + rp.chunk - 1) // rp.chunk)
+    return dense, units.astype(jnp.int32)
 
 
 def _patches(xp: jax.Array, b: jax.Array, oy: jax.Array, ox: jax.Array, p: _tiles.TilePlan):
-    """(chunk, kh * kw * Cin): the receptive fields of output pixels (b, oy, ox), HWI order."""
+    """(rows, kh * kw * Cin): the receptive fields of output pixels (b, oy, ox), HWI order.
+
+    With at least `TAP_ROWS_MIN_CIN` channels, one row gather per kernel tap
+    from the padded input seen as (N * Hp * Wp, Cin) pixels, concatenated:
+    2-4x faster on XLA:CPU than one gather of (kh, kw, Cin) windows (ResNet-50's
+    3x3 layers, 98-1024 rows); with fewer channels a tap's row is too short and
+    the window gather is used.
+    """
     sy, sx = p.strides
-    if p.kh * p.kw == 1:
-        return xp[b, oy * sy, ox * sx]
     dy, dx = p.dilation
+    _, hp, wp, cin = xp.shape
+    if p.kh * p.kw == 1 or cin >= TAP_ROWS_MIN_CIN:
+        flat = xp.reshape(-1, cin)
+        base = (b * hp + oy * sy) * wp + ox * sx
+        taps = [
+            flat.at[base + i * dy * wp + j * dx].get(mode="promise_in_bounds")
+            for i in range(p.kh)
+            for j in range(p.kw)
+        ]
+        return taps[0] if len(taps) == 1 else jnp.concatenate(taps, axis=1)
     eh, ew = (p.kh - 1) * dy + 1, (p.kw - 1) * dx + 1
     starts = jnp.stack([b, oy * sy, ox * sx, jnp.zeros_like(b)], axis=1)
     dnums = lax.GatherDimensionNumbers(
@@ -150,12 +196,16 @@ def _patches(xp: jax.Array, b: jax.Array, oy: jax.Array, ox: jax.Array, p: _tile
         xp,
         starts,
         dnums,
-        slice_sizes=(1, eh, ew, p.cin),
+        slice_sizes=(1, eh, ew, cin),
         mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS,
     )
     if (dy, dx) != (1, 1):
         win = win[:, ::dy, ::dx]
-    return win.reshape(win.shape[0], p.kh * p.kw * p.cin)
+    return win.reshape(win.shape[0], p.kh * p.kw * cin)
+
+
+#: Input channels from which `_patches` gathers rows per kernel tap.
+TAP_ROWS_MIN_CIN = 16
 
 
 def _scatter_rows(out: jax.Array, pixels: jax.Array, vals: jax.Array) -> jax.Array:
@@ -175,27 +225,49 @@ def _rows_unbatched(x, w, reuse_mask, cached, epi_ops, rp: RowPlan, fn=None) -> 
     p = rp.tiles
     out_dtype = jnp.result_type(x.dtype, w.dtype)
     dirty = ~reuse_mask.reshape(-1)
-    use_dense, chunks = row_schedule(dirty.sum(), rp)
-    idx = compact(dirty, rp.max_chunks * rp.chunk)
+    use_dense, units = row_schedule(dirty.sum(), rp)
+    idx = compact(dirty, rp.capacity)
     hw = p.ho * p.wo
 
-    def step(i, out, x, w, idx, epi_ops):
-        r = lax.dynamic_slice_in_dim(idx, i * rp.chunk, rp.chunk)
+    def step(out, start, size, xp, wm, idx, epi_ops):
+        r = lax.dynamic_slice_in_dim(idx, start, size)
         b, rem = r // hw, r % hw  # padding slots: b >= N, dropped by the scatter
         oy, ox = rem // p.wo, rem % p.wo
-        rows = _patches(_tiles.pad_input(x, p), jnp.minimum(b, p.n - 1), oy, ox, p)
-        vals = rows.astype(out_dtype) @ w.reshape(-1, p.cout).astype(out_dtype)
-        ops, pix = epi_ops
         bc = jnp.minimum(b, p.n - 1)
+        vals = _patches(xp, bc, oy, ox, p).astype(out_dtype) @ wm
+        ops, pix = epi_ops
         vals = apply_epilogue(fn, vals, ops, tuple(q[bc, oy, ox] for q in pix))
         return _scatter_rows(out, jnp.stack([b, oy, ox], axis=1), vals)
+
+    def sparse(out, x, w, idx, epi_ops):
+        # Steps of rp.sizes, largest first, each a loop of zero or one trip
+        # (bit j of `units`), at a running offset into the dirty list.
+        operands = (_tiles.pad_input(x, p), w.reshape(-1, p.cout).astype(out_dtype), idx, epi_ops)
+        start = jnp.int32(0)
+        for size in rp.sizes:
+            bit = (units // (size // rp.chunk)) % 2
+            out = lax.fori_loop(
+                0, bit,
+                lambda i, out, start=start, size=size: step(
+                    out, start, size, *pinned(operands, i)
+                ),
+                out,
+            )  # fmt: skip
+            start = start + bit * size
+        return out
 
     def dense(x, w, idx, epi_ops):
         return apply_epilogue(fn, dense_conv(x, w, p), *epi_ops)
 
-    return sparse_or_dense(
-        cached.astype(out_dtype), chunks, step, use_dense, dense, (x, w, idx, epi_ops)
-    )
+    # The padding and the weight layout happen once, inside a loop of zero or
+    # one trip around the steps (nothing runs on a frame with no dirty pixel).
+    operands = (x, w, idx, epi_ops)
+    out = lax.fori_loop(
+        0, (units > 0).astype(jnp.int32),
+        lambda i, out: sparse(out, *pinned(operands, i)),
+        cached.astype(out_dtype),
+    )  # fmt: skip
+    return run_if(use_dense, lambda *ops: dense(*ops).astype(out_dtype), operands, out)
 
 
 def rows_masked_conv(

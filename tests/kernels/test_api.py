@@ -130,7 +130,10 @@ def test_auto_runs_small_layers_dense_on_cpu() -> None:
     big = plan((1, 56, 56, 64), (3, 3, 64, 64), strides=(1, 1), padding="SAME")
     assert auto.dense_flops(small) < auto.SMALL_LAYER_FLOPS < auto.dense_flops(big)
     assert auto.choose(small, "cpu") == ("dense", None)
-    assert auto.choose(big, "cpu")[0] == "xla"
+    assert auto.choose(big, "cpu")[0] == "rows"  # 64 channels: per-tap row gathers pay
+    rgb = plan((1, 227, 227, 3), (11, 11, 3, 96), strides=(4, 4), padding="VALID")
+    assert auto.choose(rgb, "cpu")[0] == "xla"  # 3 channels: the tile kernel
+    assert auto.choose(rgb, "cpu", scattered=True)[0] == "rows"
     pointwise = plan((1, 56, 56, 256), (1, 1, 256, 64), strides=(1, 1), padding="SAME")
     assert auto.choose(pointwise, "cpu")[0] == "rows"
     assert auto.choose(small, "gpu")[0] == "pallas_gpu"

@@ -12,7 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dcjax.kernels import masked_conv, plan, reference_masked_conv
-from dcjax.kernels.rows import DENSE_FRACTION, row_plan, row_schedule, rows_masked_conv
+from dcjax.kernels.rows import (
+    DENSE_FRACTION,
+    TAP_ROWS_MIN_CIN,
+    row_plan,
+    row_schedule,
+    rows_masked_conv,
+)
 from tests.kernels._strategies import Case, all_eqns, cases, dense
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -58,30 +64,33 @@ def test_rows_matches_reference(case: Case, chunk: int | None) -> None:
 
 
 @pytest.mark.parametrize(
-    ("k", "n_dirty", "dense_path", "steps"),
+    ("k", "n_dirty", "dense_path", "units"),
     [
         (1, 0, False, 0),
         (1, 1, False, 1),
-        (1, 32, False, 1),
-        (1, 33, False, 2),
-        (1, 345, False, 11),
+        (1, 16, False, 1),
+        (1, 17, False, 2),
+        (1, 240, False, 15),  # every step size: 128 + 64 + 32 + 16 rows
+        (1, 256, False, 16),  # the largest step alone
+        (3, 345, False, 22),  # 256 + 64 + 32
         (1, 346, True, 0),
-        (3, 172, False, 6),
-        (3, 173, True, 0),
+        (3, 346, True, 0),
     ],
 )
-def test_schedule_by_dirty_count(k: int, n_dirty: int, dense_path: bool, steps: int) -> None:
-    """24x24 pixels, chunks of 32: 1x1 goes dense above 60 % (345), 3x3 above 30 % (172)."""
+def test_schedule_by_dirty_count(k: int, n_dirty: int, dense_path: bool, units: int) -> None:
+    """24x24 pixels, 16-row units: dense above 60 % (345 pixels), else the binary
+    digits of the unit count pick the steps, and every dirty pixel is computed."""
     rng = np.random.default_rng(k + n_dirty)
-    x = rng.normal(size=(1, 24, 24, 3)).astype(np.float32)
-    w = rng.normal(size=(k, k, 3, 5)).astype(np.float32)
+    x = rng.normal(size=(1, 24, 24, 20)).astype(np.float32)  # 20 channels: tap gathers
+    w = rng.normal(size=(k, k, 20, 5)).astype(np.float32)
     cached = rng.normal(size=(1, 24, 24, 5)).astype(np.float32) + 100.0
     rp = row_plan(plan(x.shape, w.shape, strides=(1, 1), padding="SAME"))
-    assert (rp.rows, rp.chunk) == (576, 32)
+    assert (rp.rows, rp.chunk, rp.dense_threshold) == (576, 16, 345)
+    assert rp.sizes == (256, 128, 64, 32, 16)
     mask = np.ones((1, 24, 24), bool)
     mask.reshape(-1)[rng.permutation(576)[:n_dirty]] = False
-    got_dense, got_steps = row_schedule(jnp.int32(n_dirty), rp)
-    assert (bool(got_dense), int(got_steps)) == (dense_path, steps)
+    got_dense, got_units = row_schedule(jnp.int32(n_dirty), rp)
+    assert (bool(got_dense), int(got_units)) == (dense_path, units)
     out = np.asarray(rows_masked_conv(x, w, mask, cached, strides=(1, 1), padding="SAME"))
     case = Case(x, w, mask, cached, (1, 1), "SAME", (1, 1), 1, None)
     check_pixel_contract(case, out, dense_path)
@@ -90,22 +99,41 @@ def test_schedule_by_dirty_count(k: int, n_dirty: int, dense_path: bool, steps: 
 
 
 @pytest.mark.parametrize(
-    ("hw", "k", "chunk", "capacity"),
+    ("hw", "k", "sizes"),
     [
-        (7, 3, 16, 16),  # 30 % of 49 = 14 dirty at most: one 16-row step, not 32
-        (7, 1, 32, 32),  # 60 % of 49 = 29
-        (14, 3, 32, 64),  # 58 dirty at most: two 32-row steps
-        (4, 3, 8, 8),  # 4 dirty at most
-        (56, 3, 104, 1040),  # 1/32 of 3136 rows, rounded up to 8
+        (7, 3, (32, 16)),  # 60 % of 49 = 29 dirty at most
+        (4, 3, (16,)),  # 9 dirty at most, 16 rows in all
+        (2, 1, (4,)),  # 2 dirty at most: one step of the whole (4-pixel) map
+        (14, 1, (128, 64, 32, 16)),  # 117 dirty at most
+        (56, 3, (1024, 512, 256, 128, 64, 32, 16)),  # 1881 dirty at most
     ],
 )
-def test_default_chunk_is_capped_by_the_dense_threshold(hw, k, chunk, capacity) -> None:
-    """No step computes more padding rows than the sparse path can need."""
+def test_step_sizes_cover_the_dense_threshold_and_no_more(hw, k, sizes) -> None:
+    """Halving steps down to ``chunk``: any count up to the threshold is a sum of
+    distinct steps with less than one chunk of padding, and no step is unneeded."""
     p = plan((1, hw, hw, 8), (k, k, 8, 8), strides=(1, 1), padding="SAME")
     rp = row_plan(p)
-    assert rp.chunk == chunk and rp.chunk % 8 == 0
-    assert rp.max_chunks * rp.chunk == capacity >= rp.dense_threshold
-    assert rp.chunk - rp.dense_threshold < 8 or rp.max_chunks > 1
+    assert rp.sizes == sizes and rp.capacity == sum(sizes)
+    assert rp.capacity >= rp.dense_threshold
+    assert rp.capacity - sizes[0] < rp.dense_threshold  # the largest step is needed
+
+
+@pytest.mark.parametrize("cin", [3, 16])
+@pytest.mark.parametrize(("stride", "dilation"), [(1, 1), (2, 1), (1, 2)])
+def test_window_and_tap_gathers_agree_with_the_oracle(cin, stride, dilation) -> None:
+    """Fewer than TAP_ROWS_MIN_CIN channels: one window gather per pixel; more: one
+    row gather per kernel tap. Both with strides and dilation, over two images."""
+    assert (cin >= TAP_ROWS_MIN_CIN) == (cin == 16)
+    rng = np.random.default_rng(cin + 10 * stride + 100 * dilation)
+    x = rng.normal(size=(2, 13, 11, cin)).astype(np.float32)
+    w = rng.normal(size=(3, 3, cin, 7)).astype(np.float32)
+    kw = dict(strides=(stride, stride), padding="SAME", dilation=(dilation, dilation))
+    ref = dense(Case(x, w, None, None, (stride,) * 2, "SAME", (dilation,) * 2, 1, None))
+    cached = rng.normal(size=ref.shape).astype(np.float32) + 100.0
+    mask = rng.uniform(size=ref.shape[:3]) > 0.3
+    out = np.asarray(rows_masked_conv(x, w, mask, cached, dense_fraction=1.0, **kw))
+    np.testing.assert_allclose(out[~mask], ref[~mask], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(out[mask], cached[mask])
 
 
 def test_vmapped_streams_are_pooled_into_one_schedule() -> None:
@@ -128,7 +156,8 @@ def test_vmapped_streams_are_pooled_into_one_schedule() -> None:
     eqns = list(all_eqns(jax.make_jaxpr(jax.vmap(f))(xs, masks, caches).jaxpr))
     assert not [e for e in eqns if e.primitive.name == "cond"]
     loops = [e for e in eqns if e.primitive.name == "while"]
-    assert len(loops) == 2  # the sparse steps and the dense fallback
+    rp = row_plan(plan((3, 16, 16, 4), w.shape, strides=(1, 1), padding="SAME"))
+    assert len(loops) == len(rp.sizes) + 2  # around the steps, each step, the dense fallback
     for loop in loops:  # counters stay scalars: one schedule for the pooled batch
         ints = [v for v in loop.outvars if jnp.issubdtype(v.aval.dtype, jnp.integer)]
         assert ints and all(v.aval.shape == () for v in ints)
