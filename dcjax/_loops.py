@@ -9,6 +9,12 @@ Contract:
 - `run_if(pred, fn, operands, init)` returns ``fn(*operands)`` where ``pred``
   holds and ``init`` where it does not; ``fn``'s result has ``init``'s
   structure, shapes and dtypes.
+- `halving_sizes(smallest, limit)` returns the static step sizes of a sparse
+  kernel: ``smallest * 2**j`` for j = J..0, largest first, J the least with
+  ``smallest * (2**(J + 1) - 1) >= limit``. Any count of ``units`` (in
+  ``smallest``-sized units) up to ``limit / smallest`` is the sum of the sizes
+  whose bit j is set in ``units``, so a kernel runs at most J + 1 steps of
+  static sizes and pads less than one ``smallest`` step.
 - `skipping_pays()` says whether such data-dependent skipping is worth it on
   the default backend. On CPU it is. On GPU a loop with a dynamic trip count
   copies its predicate to the host at every test (and a conditional once),
@@ -33,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["pinned", "run_if", "skipping_pays"]
+__all__ = ["halving_sizes", "pinned", "run_if", "skipping_pays"]
 
 
 def pinned(operands: Any, i: jax.Array) -> Any:
@@ -47,6 +53,16 @@ def run_if(pred: jax.Array, fn: Callable[..., Any], operands: tuple, init: Any) 
     return lax.fori_loop(
         0, jnp.asarray(pred).astype(jnp.int32), lambda i, _: fn(*pinned(operands, i)), init
     )
+
+
+def halving_sizes(smallest: int, limit: int) -> tuple[int, ...]:
+    """Step sizes ``smallest * 2**j``, largest first, covering ``limit`` (see above)."""
+    if smallest < 1:
+        raise ValueError(f"dcjax: the smallest step must be positive, got {smallest}")
+    j = 0
+    while smallest * ((2 << j) - 1) < limit:
+        j += 1
+    return tuple(smallest << i for i in range(j, -1, -1))
 
 
 def skipping_pays() -> bool:

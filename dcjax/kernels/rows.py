@@ -6,7 +6,8 @@ number of such *dirty* pixels, pooled over the batch, decides (`row_schedule`):
 
 - more than `RowPlan.dense_fraction` of the pixels dirty: the dense
   convolution, every pixel fresh (a loop of zero or one step, not a
-  `lax.cond`: see `dcjax.kernels.xla.sparse_or_dense`);
+  `lax.cond`: see `dcjax.kernels.xla.sparse_or_dense`, which runs the steps
+  below as well);
 - otherwise every reusable pixel is ``cached`` bit for bit and only the dirty
   pixels are computed: their flat indices are listed (`dcjax._compact.compact`,
   of a static size) and computed in steps of static sizes ``chunk * 2**j``
@@ -58,13 +59,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from dcjax._compact import compact
-from dcjax._loops import pinned, run_if
+from dcjax._loops import halving_sizes
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.xla import (
     apply_epilogue,
     dense_conv,
     epilogue_parts,
     pooled_over_streams,
+    sparse_or_dense,
 )
 
 if TYPE_CHECKING:
@@ -110,12 +112,9 @@ class RowPlan:
 
     @property
     def sizes(self) -> tuple[int, ...]:
-        """Step sizes, largest first: ``chunk * 2**j`` for j = J..0, J the least
-        with ``chunk * (2**(J + 1) - 1) >= dense_threshold``."""
-        j = 0
-        while self.chunk * ((2 << j) - 1) < self.dense_threshold:
-            j += 1
-        return tuple(self.chunk << i for i in range(j, -1, -1))
+        """Step sizes in rows, largest first: `dcjax._loops.halving_sizes` of
+        ``chunk`` covering ``dense_threshold``."""
+        return halving_sizes(self.chunk, self.dense_threshold)
 
     @property
     def capacity(self) -> int:
@@ -239,35 +238,16 @@ def _rows_unbatched(x, w, reuse_mask, cached, epi_ops, rp: RowPlan, fn=None) -> 
         vals = apply_epilogue(fn, vals, ops, tuple(q[bc, oy, ox] for q in pix))
         return _scatter_rows(out, jnp.stack([b, oy, ox], axis=1), vals)
 
-    def sparse(out, x, w, idx, epi_ops):
-        # Steps of rp.sizes, largest first, each a loop of zero or one trip
-        # (bit j of `units`), at a running offset into the dirty list.
-        operands = (_tiles.pad_input(x, p), w.reshape(-1, p.cout).astype(out_dtype), idx, epi_ops)
-        start = jnp.int32(0)
-        for size in rp.sizes:
-            bit = (units // (size // rp.chunk)) % 2
-            out = lax.fori_loop(
-                0, bit,
-                lambda i, out, start=start, size=size: step(
-                    out, start, size, *pinned(operands, i)
-                ),
-                out,
-            )  # fmt: skip
-            start = start + bit * size
-        return out
+    def prepare(x, w, idx, epi_ops):  # once a frame: padding, the weight matrix
+        return _tiles.pad_input(x, p), w.reshape(-1, p.cout).astype(out_dtype), idx, epi_ops
 
     def dense(x, w, idx, epi_ops):
         return apply_epilogue(fn, dense_conv(x, w, p), *epi_ops)
 
-    # The padding and the weight layout happen once, inside a loop of zero or
-    # one trip around the steps (nothing runs on a frame with no dirty pixel).
-    operands = (x, w, idx, epi_ops)
-    out = lax.fori_loop(
-        0, (units > 0).astype(jnp.int32),
-        lambda i, out: sparse(out, *pinned(operands, i)),
-        cached.astype(out_dtype),
+    return sparse_or_dense(
+        cached.astype(out_dtype), units, rp.sizes, step, use_dense, dense,
+        (x, w, idx, epi_ops), prepare,
     )  # fmt: skip
-    return run_if(use_dense, lambda *ops: dense(*ops).astype(out_dtype), operands, out)
 
 
 def rows_masked_conv(

@@ -19,12 +19,12 @@ convolution of a window gives exactly that output rectangle.
 
 Capacities. The number of dirty tiles is dynamic; the compute is sized
 statically in *chunks* of `TilePlan.chunk` tiles (pooled over the batch): the
-sparse path runs ``ceil(n_dirty / chunk)`` chunks, so its static capacities are
-the multiples of ``chunk`` (`TilePlan.capacities`; by default ``chunk =
-ceil(num_tiles / 16)``, at most 1/16 of the work wasted on padding slots; the
-CPU sweep found chunk sizes from 1/128 to 1/8 of the tiles within noise, so
-the per-step overhead is small). When more than ``dense_fraction`` (5/8) of the
-tiles are dirty the dense convolution runs instead.
+sparse path computes ``ceil(n_dirty / chunk)`` chunks, in steps of
+``chunk * 2**j`` tiles picked by the binary digits of that count
+(`TilePlan.sizes`, `dcjax.kernels.xla.sparse_or_dense`); by default ``chunk =
+ceil(num_tiles / 16)``, at most 1/16 of the work wasted on padding slots.
+When more than ``dense_fraction`` (5/8) of the tiles are dirty the dense
+convolution runs instead.
 `schedule` gives (dense?, chunks) for a dirty count; `work_fraction` the
 fraction of the dense work that is done.
 
@@ -51,6 +51,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from dcjax._compact import compact
+from dcjax._loops import halving_sizes
 
 __all__ = [
     "TilePlan",
@@ -125,14 +126,15 @@ class TilePlan:
         return max(1, math.floor(self.dense_fraction * self.num_tiles))
 
     @property
-    def max_chunks(self) -> int:
-        """Chunks the sparse loop may run: enough for ``dense_threshold`` tiles."""
-        return math.ceil(self.dense_threshold / self.chunk)
+    def sizes(self) -> tuple[int, ...]:
+        """Step sizes of the sparse path in tiles, largest first:
+        `dcjax._loops.halving_sizes` of ``chunk`` covering ``dense_threshold``."""
+        return halving_sizes(self.chunk, self.dense_threshold)
 
     @property
-    def capacities(self) -> tuple[int, ...]:
-        """The static capacities of the sparse path: multiples of ``chunk``."""
-        return tuple(self.chunk * k for k in range(1, self.max_chunks + 1))
+    def capacity(self) -> int:
+        """Dirty-tile slots of the sparse path: the sum of `sizes`."""
+        return sum(self.sizes)
 
 
 def normalize_padding(
@@ -249,7 +251,8 @@ def tile_dirty(reuse_mask: jax.Array, p: TilePlan) -> jax.Array:
 
 
 def schedule(n_dirty: jax.Array, p: TilePlan) -> tuple[jax.Array, jax.Array]:
-    """(dense, chunks): whether the dense path runs, else how many sparse chunks."""
+    """(dense, chunks): whether the dense path runs, else how many ``chunk``-tile
+    units the sparse path computes (their binary digits pick `TilePlan.sizes`)."""
     dense = n_dirty > p.dense_threshold
     chunks = jnp.where(dense, 0, (n_dirty + p.chunk - 1) // p.chunk)
     return dense, chunks.astype(jnp.int32)

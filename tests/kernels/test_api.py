@@ -97,7 +97,8 @@ def test_plan_geometry_matches_conv(k: int, s: int, d: int, pad) -> None:
     assert out.shape == (2, p.ho, p.wo, 8)
     assert p.win_h == (p.th - 1) * s + (k - 1) * d + 1
     assert p.num_tiles == 2 * p.nty * p.ntx
-    assert all(a < b for a, b in zip(p.capacities, p.capacities[1:], strict=False))
+    assert p.sizes[-1] == p.chunk and p.capacity >= p.dense_threshold
+    assert all(a == 2 * b for a, b in zip(p.sizes, p.sizes[1:], strict=False))
 
 
 def test_dirty_fraction_counts_tiles() -> None:
