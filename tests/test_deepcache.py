@@ -13,6 +13,7 @@ import pytest
 from skimage import data, transform
 
 from dcjax import deepcache
+from dcjax.kernels import plan
 from tests.kernels._strategies import all_eqns
 from tests.transforms import small_models
 
@@ -728,8 +729,21 @@ def test_convolutions_with_an_explicit_precision_are_reused_at_that_precision():
     state, frame = cached.init(), _photo(SIZE, 2)
     traced = jax.make_jaxpr(lambda s, f: cached.step(s, f))(state, frame)
     convs = [e for e in all_eqns(traced.jaxpr) if e.primitive.name == "conv_general_dilated"]
-    # each layer's tile convolution and dense fallback (not one dense call and a select)
-    assert len(convs) == 2 * len(cached.layers) == 4
+    # each layer's tile convolution per halving step and its dense fallback (not one
+    # dense call and a select)
+    plans = [
+        plan(
+            layer.in_shape,
+            (*layer.kernel, layer.in_channels // layer.groups, layer.out_channels),
+            strides=layer.strides,
+            padding=layer.padding,
+            dilation=layer.dilation,
+            groups=layer.groups,
+        )
+        for layer in cached.layers
+    ]
+    assert len(plans) == 2
+    assert len(convs) == sum(len(p.sizes) + 1 for p in plans)
     assert all(e.params["precision"] == (jax.lax.Precision.HIGHEST,) * 2 for e in convs)
     ref = jax.jit(lambda f: model(params, f[None]))
     for f in (frame, frame):

@@ -24,7 +24,7 @@ zero or one (`sparse_or_dense`), because XLA:CPU copies a conditional's
 pass-through operand, the whole cache.
 
 Batched streams: the tiles of all N images are pooled into one list, so one
-schedule (one pair of loops) serves the batch. Under `jax.vmap`, a custom
+schedule (one set of loops) serves the batch. Under `jax.vmap`, a custom
 batching rule folds the mapped axis into N instead of letting vmap batch the
 trip counts, which would run every stream's loop as long as the longest one
 (per-stream weights, which cannot be pooled, fall back to the dense reference
