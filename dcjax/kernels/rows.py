@@ -129,6 +129,9 @@ def _dense_threshold(dense_fraction: float, rows: int) -> int:
 #: The smallest step of the sparse path (rows), where the dense threshold allows.
 DEFAULT_CHUNK = 16
 
+#: Input channels from which `_patches` gathers rows per kernel tap.
+TAP_ROWS_MIN_CIN = 16
+
 
 def row_plan(
     p: _tiles.TilePlan,
@@ -201,10 +204,6 @@ def _patches(xp: jax.Array, b: jax.Array, oy: jax.Array, ox: jax.Array, p: _tile
     if (dy, dx) != (1, 1):
         win = win[:, ::dy, ::dx]
     return win.reshape(win.shape[0], p.kh * p.kw * cin)
-
-
-#: Input channels from which `_patches` gathers rows per kernel tap.
-TAP_ROWS_MIN_CIN = 16
 
 
 def _scatter_rows(out: jax.Array, pixels: jax.Array, vals: jax.Array) -> jax.Array:
