@@ -14,7 +14,8 @@ Contract:
   ``smallest * (2**(J + 1) - 1) >= limit``. Any count of ``units`` (in
   ``smallest``-sized units) up to ``limit / smallest`` is the sum of the sizes
   whose bit j is set in ``units``, so a kernel runs at most J + 1 steps of
-  static sizes and pads less than one ``smallest`` step.
+  static sizes and pads less than one ``smallest`` step. `halving_schedule`
+  turns a dynamic count into ``(dense, units)`` for those steps.
 - `skipping_pays()` says whether such data-dependent skipping is worth it on
   the default backend. On CPU it is. On GPU a loop with a dynamic trip count
   copies its predicate to the host at every test (and a conditional once),
@@ -39,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["halving_sizes", "pinned", "run_if", "skipping_pays"]
+__all__ = ["halving_schedule", "halving_sizes", "pinned", "run_if", "skipping_pays"]
 
 
 def pinned(operands: Any, i: jax.Array) -> Any:
@@ -63,6 +64,16 @@ def halving_sizes(smallest: int, limit: int) -> tuple[int, ...]:
     while smallest * ((2 << j) - 1) < limit:
         j += 1
     return tuple(smallest << i for i in range(j, -1, -1))
+
+
+def halving_schedule(
+    count: jax.Array, threshold: int, smallest: int
+) -> tuple[jax.Array, jax.Array]:
+    """``(dense, units)``: whether ``count`` exceeds ``threshold`` (the dense path),
+    else ``ceil(count / smallest)``, whose binary digits pick the `halving_sizes`."""
+    dense = count > threshold
+    units = jnp.where(dense, 0, (count + smallest - 1) // smallest)
+    return dense, units.astype(jnp.int32)
 
 
 def skipping_pays() -> bool:

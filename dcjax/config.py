@@ -199,8 +199,8 @@ class Config:
             Not with semantic exits, nor for a model with primitives the
             analysis does not cover, and only on CPU (on GPU and TPU the step
             keeps no loop with a data-dependent trip count, which would stall
-            the stream: the network runs on every frame). On by default: a still scene then costs
-            the matcher and little else (the still opening of box: AlexNet
+            the stream: the network runs on every frame). On by default: a
+            still scene then costs the matcher and little else (the still opening of box: AlexNet
             1.65x -> 13.8x, EfficientNet-Lite0 1.13x -> 5.9x, GoogLeNet 2.3x
             -> 13x over no cache), while the step, which then runs inside a
             loop, took 0-3 % longer on the moving frames of vtest (README).

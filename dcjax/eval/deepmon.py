@@ -98,7 +98,8 @@ def _deepmon(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
         alignment="exact",
         min_match=0.0,
         # DeepMon recomputes every layer after the first N on every frame,
-        # still or not; skipping the network on a still frame is dcjax's
+        # still or not; skipping the network on a still frame is dcjax's own
+        # addition, not DeepMon's
         skip_unchanged=False,
     )
     cached = transform(spec, cfg)

@@ -59,7 +59,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from dcjax._compact import compact
-from dcjax._loops import halving_sizes
+from dcjax._loops import halving_schedule, halving_sizes
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.xla import (
     apply_epilogue,
@@ -163,9 +163,7 @@ def row_schedule(n_dirty: jax.Array, rp: RowPlan) -> tuple[jax.Array, jax.Array]
     """(dense, units): whether the dense path runs, else the dirty pixels in
     ``chunk``-row units, ``ceil(n_dirty / chunk)``, whose binary digits say
     which `RowPlan.sizes` run (bit j: the step of ``chunk * 2**j`` rows)."""
-    dense = n_dirty > rp.dense_threshold
-    units = jnp.where(dense, 0, (n_dirty + rp.chunk - 1) // rp.chunk)
-    return dense, units.astype(jnp.int32)
+    return halving_schedule(n_dirty, rp.dense_threshold, rp.chunk)
 
 
 def _patches(xp: jax.Array, b: jax.Array, oy: jax.Array, ox: jax.Array, p: _tiles.TilePlan):

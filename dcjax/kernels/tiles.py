@@ -51,7 +51,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from dcjax._compact import compact
-from dcjax._loops import halving_sizes
+from dcjax._loops import halving_schedule, halving_sizes
 
 __all__ = [
     "TilePlan",
@@ -253,9 +253,7 @@ def tile_dirty(reuse_mask: jax.Array, p: TilePlan) -> jax.Array:
 def schedule(n_dirty: jax.Array, p: TilePlan) -> tuple[jax.Array, jax.Array]:
     """(dense, chunks): whether the dense path runs, else how many ``chunk``-tile
     units the sparse path computes (their binary digits pick `TilePlan.sizes`)."""
-    dense = n_dirty > p.dense_threshold
-    chunks = jnp.where(dense, 0, (n_dirty + p.chunk - 1) // p.chunk)
-    return dense, chunks.astype(jnp.int32)
+    return halving_schedule(n_dirty, p.dense_threshold, p.chunk)
 
 
 def dirty_tile_indices(dirty: jax.Array, p: TilePlan, capacity: int) -> tuple[jax.Array, ...]:
