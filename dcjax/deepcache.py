@@ -38,7 +38,7 @@ import dataclasses
 import functools
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -47,12 +47,14 @@ from jax import lax
 from jax.extend import core as jcore
 
 from dcjax import kernels, matching
-from dcjax._loops import pinned, skipping_pays
+from dcjax._loops import pinned, run_if, skipping_pays
 from dcjax.config import Config, RefineConfig, SemanticConfig
+from dcjax.kernels.matvec import delta_matvec
 from dcjax.matching.types import Match
+from dcjax.transforms import lowering
 from dcjax.transforms import refine as refine_lib
 from dcjax.transforms.interpreter import FrameContext, evaluate
-from dcjax.transforms.signatures import Layer, Spatial, analyze
+from dcjax.transforms.signatures import DenseLayer, Layer, Spatial, analyze
 from dcjax.transforms.trace import check_frame_shape, trace_model
 
 __all__ = [
@@ -95,6 +97,11 @@ class CacheState:
             threshold is relative to (0 until measured on the first frame).
         output: with ``Config.skip_unchanged``, the last output's leaves (a
             still frame returns them); else empty.
+        dense: with ``Config.refine``, per fully connected layer
+            (``CachedModel.dense_layers``) ``(x_ref, y_ref, scale)``: the
+            reference input, the product ``x_ref @ W`` kept up to date by the
+            changed rows, and the activation scale (0 until measured); None for
+            a layer that is not refined. Else empty.
     """
 
     prev_frame: jax.Array
@@ -108,6 +115,22 @@ class CacheState:
     refs: tuple = ()
     ref_scale: Any = None
     output: tuple = ()
+    dense: tuple = ()
+
+
+class _Pass(NamedTuple):
+    """What one pass of the network returns (`CachedModel._forward`)."""
+
+    outs: list
+    caches: list
+    reuse_fraction: jax.Array
+    layer_valid: jax.Array
+    semantic: Any
+    semantic_info: dict
+    refs: list
+    ref_scale: jax.Array
+    dense: list
+    dense_reuse: jax.Array
 
 
 class CachedModel:
@@ -115,6 +138,9 @@ class CachedModel:
 
     Attributes:
         layers: the reused layers (`Layer`), in execution order.
+        dense_layers: the fully connected layers (`DenseLayer`), in execution
+            order: computed in full on every frame, or, with ``Config.refine``,
+            updated by the rows of their weights whose input changed.
         epilogues: per layer, the primitives of the elementwise chain cached
             with it (`Config.fuse_epilogues`); empty where none is.
         total_flops: FLOPs of a full recompute: convolutions and matrix
@@ -155,6 +181,7 @@ class CachedModel:
             reuse_ops=config.reuse_ops,
         )
         self.layers: tuple[Layer, ...] = tuple(self._analysis.layers)
+        self.dense_layers: tuple[DenseLayer, ...] = tuple(self._analysis.dense_layers)
         self._semantic = None
         if config.semantic is not None:
             from dcjax.semantic.smtm import SemanticExits
@@ -166,6 +193,7 @@ class CachedModel:
         # kernel="auto", every plain layer under "dense") keep no cache
         self._keeps_cache = _layers_reading_cache(self._analysis, len(self.layers), config.kernel)
         self._refined: tuple[bool, ...] | None = None
+        self._dense_refined: tuple[bool, ...] | None = None
         if config.refine is not None:
             if config.semantic is not None:
                 raise ValueError(
@@ -176,11 +204,12 @@ class CachedModel:
             self._refined = tuple(
                 on and keep
                 for on, keep in zip(
-                    refine_lib.refined_layers(self.layers, config.refine),
+                    refine_lib.refined_layers(self.layers, config.refine, self.dense_layers),
                     self._keeps_cache,
                     strict=True,
                 )
             )
+            self._dense_refined = refine_lib.refined_dense(self.dense_layers, config.refine)
         # refined layers that read the same feature map share one test and reference
         self._ref_owner = _shared_inputs(self._analysis, len(self.layers), self._refined)
         # the Pallas TPU kernel takes no epilogue (`dcjax.kernels.masked`)
@@ -214,6 +243,7 @@ class CachedModel:
         )
         self.total_flops = sum(layer.flops for layer in self.layers) + self._analysis.other_flops
         self._flops = jnp.asarray([layer.flops for layer in self.layers], jnp.float32)
+        self._dense_flops = jnp.asarray([d.flops for d in self.dense_layers], jnp.float32)
         self._trace_count = 0
         # The state is donated: caches are updated in place, frame after frame.
         self._step_jit = jax.jit(self._step_impl, donate_argnums=(1,))
@@ -253,8 +283,21 @@ class CachedModel:
                 jnp.zeros(layer.in_shape, jnp.float32) if on and owner == layer.index else None
                 for layer, on, owner in zip(self.layers, self._refined, self._ref_owner)
             )
+            dense = tuple(
+                (
+                    jnp.zeros((d.in_features,), jnp.float32),
+                    jnp.zeros((d.out_features,), jnp.float32),
+                    jnp.float32(0.0),
+                )
+                if on
+                else None
+                for d, on in zip(self.dense_layers, self._dense_refined, strict=True)
+            )
             state = dataclasses.replace(
-                state, refs=refs, ref_scale=jnp.zeros((len(self.layers),), jnp.float32)
+                state,
+                refs=refs,
+                ref_scale=jnp.zeros((len(self.layers),), jnp.float32),
+                dense=dense,
             )
         if self._skips:
             outs = self._analysis.jaxpr.out_avals
@@ -280,7 +323,9 @@ class CachedModel:
         Returns:
             ``(output, state, info)``; ``info`` holds ``motion``, ``refreshed``,
             ``nonfinite``, ``match_ratio``, ``input_reuse`` (fraction of input
-            pixels reused), ``reuse_fraction`` (per layer), ``flops_ratio``
+            pixels reused), ``reuse_fraction`` (per layer), ``dense_reuse``
+            (per fully connected layer, the fraction of its inputs whose
+            weight rows were not read: 0 without refinement), ``flops_ratio``
             (convolution and matrix-product FLOPs that had to be computed / those of a full
             recompute) and ``skipped`` (a still frame: the network did not
             run, `Config.skip_unchanged`).
@@ -550,6 +595,33 @@ class CachedModel:
 
         return refs, scales, refine_fn
 
+    def _dense_refiner(self, state: CacheState, refresh: jax.Array):
+        """The fully connected layers' hook, and the lists it fills (new state, reuse).
+
+        See `dcjax.transforms.refine`: a refined layer's input elements whose
+        change against the reference is under ``delta * scale`` keep their
+        reference; the product moves by the weight rows of the others
+        (`dcjax.kernels.matvec`). A refresh, or more than
+        ``refine.DENSE_FRACTION`` of the inputs changed, computes the product
+        in full and resets the reference.
+        """
+        n_dense = len(self.dense_layers)
+        new, fractions = list(state.dense), [jnp.float32(0.0)] * n_dense
+        if self._dense_refined is None or not any(self._dense_refined):
+            return new, fractions, None
+        delta = self.config.refine.delta
+
+        def dense_fn(index, eqn, invals):
+            if not self._dense_refined[index]:
+                return lowering.bind(eqn, invals)[0]
+            (x_ref, y_ref, old), (lhs, w) = state.dense[index], invals
+            new[index], fractions[index], y = _refined_product(
+                eqn, lhs, w, x_ref, y_ref, old, delta, refresh
+            )
+            return y
+
+        return new, fractions, dense_fn
+
     def _step_impl(
         self, leaves, state: CacheState, frame, match: Match | None, skip_still: bool = True
     ):
@@ -596,24 +668,28 @@ class CachedModel:
                 # not (pinning them too cost AlexNet ~0.4 ms a frame on vtest,
                 # and what XLA hoists from them left still frames unchanged).
                 x_i, r0_i = pinned((x, r0), i)
-                st = dataclasses.replace(state, caches=carry[0], refs=carry[1], ref_scale=carry[2])
-                outs, caches, fractions, _, _, _, refs, scales = self._forward(
-                    leaves, st, x_i, r0_i, ctx, refresh, finite
+                st = dataclasses.replace(
+                    state, caches=carry[0], refs=carry[1], ref_scale=carry[2], dense=carry[3]
                 )
-                return tuple(caches), tuple(refs), scales, tuple(outs), fractions
+                p = self._forward(leaves, st, x_i, r0_i, ctx, refresh, finite)
+                return (
+                    tuple(p.caches), tuple(p.refs), p.ref_scale, tuple(p.dense), tuple(p.outs),
+                    p.reuse_fraction, p.dense_reuse,
+                )  # fmt: skip
 
             carry = (
-                state.caches, state.refs, state.ref_scale, state.output,
+                state.caches, state.refs, state.ref_scale, state.dense, state.output,
                 jnp.ones((n_layers,), jnp.float32),
+                jnp.ones((len(self.dense_layers),), jnp.float32),
             )  # fmt: skip
-            caches, refs, ref_scale, outs, reuse_fraction = lax.fori_loop(
+            caches, refs, ref_scale, dense, outs, reuse_fraction, dense_reuse = lax.fori_loop(
                 0, _trips(skip), body, carry
             )
             layer_valid = jnp.ones((n_layers,), bool)
         else:
-            outs, caches, reuse_fraction, layer_valid, semantic, semantic_info, refs, ref_scale = (
-                self._forward(leaves, state, x, r0, ctx, refresh, finite)
-            )
+            p = self._forward(leaves, state, x, r0, ctx, refresh, finite)
+            outs, caches, reuse_fraction, layer_valid = p[:4]
+            semantic, semantic_info, refs, ref_scale, dense, dense_reuse = p[4:]
         output = jax.tree_util.tree_unflatten(self._traced.out_tree, list(outs))
 
         work = (1.0 - reuse_fraction) * self._flops
@@ -624,7 +700,8 @@ class CachedModel:
             exit_index = semantic_info["exit"]
             after = jnp.asarray(self._semantic.plan.other_after, jnp.float32)
             other = other - jnp.where(exit_index >= 0, after[jnp.maximum(exit_index, 0)], 0.0)
-        computed = jnp.sum(work) + other
+        # a refined fully connected layer reads the rows of the changed inputs only
+        computed = jnp.sum(work) + other - jnp.sum(dense_reuse * self._dense_flops)
         flops_ratio = jnp.where(skip, 0.0, computed / float(max(self.total_flops, 1)))
         new_state = CacheState(
             prev_frame=jnp.where(
@@ -640,6 +717,7 @@ class CachedModel:
             refs=tuple(refs),
             ref_scale=ref_scale,
             output=tuple(outs) if self._skips else (),
+            dense=tuple(dense),
         )
         info = {
             "motion": motion,
@@ -648,6 +726,7 @@ class CachedModel:
             "match_ratio": jnp.asarray(ratio, jnp.float32),
             "input_reuse": r0.mean(dtype=jnp.float32),
             "reuse_fraction": reuse_fraction,
+            "dense_reuse": dense_reuse,
             "flops_ratio": jnp.asarray(flops_ratio, jnp.float32),
             "skipped": skip,
             **semantic_info,
@@ -657,9 +736,9 @@ class CachedModel:
     def _forward(self, leaves, state: CacheState, x, r0, ctx: FrameContext, refresh, finite):
         """The network on one frame with reuse: outputs, caches and what the step reports.
 
-        Returns ``(outs, caches, reuse_fraction, layer_valid, semantic,
-        semantic_info, refs, ref_scale)``: ``reuse_fraction`` and ``ref_scale``
-        as (L,) arrays (``ref_scale`` is the state's without refinement).
+        Returns a `_Pass`: ``reuse_fraction`` and ``ref_scale`` as (L,) arrays
+        (``ref_scale`` is the state's without refinement), ``dense_reuse`` as
+        a (D,) array over the fully connected layers.
         """
         caches = list(state.caches)
         fractions = [jnp.float32(0.0)] * len(self.layers)
@@ -681,6 +760,7 @@ class CachedModel:
             return out
 
         refs, ref_scale, refine_fn = self._refiner(state, ctx, refresh)
+        dense, dense_fractions, dense_fn = self._dense_refiner(state, refresh)
         n = len(leaves)
         layer_valid = jnp.ones((len(self.layers),), bool)
         semantic, semantic_info = state.semantic, {}
@@ -688,7 +768,7 @@ class CachedModel:
             fuse = self._fuses if any(self.epilogues) else None
             outs, _ = evaluate(
                 self._analysis, [*leaves, x[None]], [True] * n + [r0], ctx, reuse,
-                refine=refine_fn, fuse=fuse,
+                refine=refine_fn, fuse=fuse, dense=dense_fn,
             )  # fmt: skip
         else:  # early exits: the rest of the network inside nested lax.cond
             outs, caches, fractions, layer_valid, semantic, semantic_info = self._semantic.step(
@@ -697,7 +777,13 @@ class CachedModel:
             )  # fmt: skip
         reuse_fraction = jnp.stack(fractions) if fractions else jnp.zeros((0,), jnp.float32)
         ref_scale = jnp.stack(ref_scale) if ref_scale else state.ref_scale
-        return outs, caches, reuse_fraction, layer_valid, semantic, semantic_info, refs, ref_scale
+        dense_reuse = (
+            jnp.stack(dense_fractions) if dense_fractions else jnp.zeros((0,), jnp.float32)
+        )
+        return _Pass(
+            outs, caches, reuse_fraction, layer_valid, semantic, semantic_info, refs, ref_scale,
+            dense, dense_reuse,
+        )  # fmt: skip
 
     def _run_impl(self, leaves, state, frames, matches):
         def body(st, xs):
@@ -707,6 +793,36 @@ class CachedModel:
 
         state, (outs, infos) = lax.scan(body, state, (frames, matches))
         return outs, state, infos
+
+
+def _refined_product(eqn, lhs, w, x_ref, y_ref, old_scale, delta, refresh):
+    """One refined fully connected layer: ``(new state, reuse fraction, product)``."""
+    k = x_ref.shape[0]
+    x = lhs.reshape(-1).astype(jnp.float32)
+    measured = (old_scale > 0) & jnp.isfinite(old_scale)
+    scale = jnp.where(measured, old_scale, refine_lib.dense_scale(x))
+    d = x - x_ref
+    small = (jnp.abs(d) < delta * scale) & ~refresh
+    changed = ~small
+    count = jnp.sum(changed, dtype=jnp.int32)
+    full = refresh | (count > int(refine_lib.DENSE_FRACTION * k))
+
+    def exact(lhs):
+        return lowering.bind(eqn, [lhs, w])[0].reshape(-1).astype(jnp.float32)
+
+    if skipping_pays():
+        y = run_if(full, exact, (lhs,), jnp.zeros_like(y_ref))
+        y = run_if(
+            ~full, lambda y_ref, d, changed: delta_matvec(y_ref, w, d, changed),
+            (y_ref, d, changed), y,
+        )  # fmt: skip
+    else:  # one dense product: the input itself, or the changed differences
+        e = jnp.where(full, x, jnp.where(changed, d, 0.0))
+        y = jnp.where(full, 0.0, y_ref) + exact(e.reshape(lhs.shape).astype(lhs.dtype))
+    state = (jnp.where(changed | full, x, x_ref), y, scale)
+    fraction = jnp.where(full, 0.0, 1.0 - count / k).astype(jnp.float32)
+    out = y.reshape(eqn.outvars[0].aval.shape).astype(eqn.outvars[0].aval.dtype)
+    return state, fraction, out
 
 
 def _per_layer(analysis, n_layers: int, value: Callable[[Any, Any, Any], Any]) -> tuple:

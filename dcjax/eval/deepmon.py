@@ -37,9 +37,9 @@ import jax
 import jax.numpy as jnp
 
 from dcjax.eval.methods import (
-    LayerFlops,
     ModelSpec,
     Runner,
+    cached_layers,
     check_options,
     config_dict,
     deepcache_config,
@@ -127,7 +127,7 @@ def _deepmon(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
         method="deepmon",
         init=cached.init,
         step=step,
-        layers=tuple(LayerFlops(name=lay.name, flops=int(lay.flops)) for lay in cached.layers),
+        layers=cached_layers(cached),
         config=config,
         total_flops=int(cached.total_flops),
         cached=cached,

@@ -127,10 +127,8 @@ class ModelSpec:
 
     @property
     def layers(self) -> tuple[LayerFlops, ...]:
-        """The model's reused convolutions, in execution order."""
-        return tuple(
-            LayerFlops(name=lay.name, flops=int(lay.flops)) for lay in self.analysis.layers
-        )
+        """The model's reused convolutions, then its fully connected layers (`cached_layers`)."""
+        return cached_layers(self.analysis)
 
     def model_input(self, frame: jax.Array) -> jax.Array:
         """``frame`` as the model's (1, H, W, 3) float input."""
@@ -411,6 +409,15 @@ def transform(spec: ModelSpec, config: Config) -> deepcache.CachedModel:
     )
 
 
+def cached_layers(cached: deepcache.CachedModel) -> tuple[LayerFlops, ...]:
+    """The layers a `CachedModel`'s infos report on: its reused convolutions
+    (``reuse_fraction``), then its fully connected layers (``dense_reuse``)."""
+    return tuple(
+        LayerFlops(name=lay.name, flops=int(lay.flops))
+        for lay in (*cached.layers, *cached.dense_layers)
+    )
+
+
 @register_method("deepcache", "DeepCache: block matching, region propagation, sparse reuse")
 def _deepcache(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
     cfg = deepcache_config(options)
@@ -419,7 +426,7 @@ def _deepcache(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
         method="deepcache",
         init=cached.init,
         step=cached.step,
-        layers=tuple(LayerFlops(name=lay.name, flops=int(lay.flops)) for lay in cached.layers),
+        layers=cached_layers(cached),
         config=config_dict(cfg),
         total_flops=int(cached.total_flops),
         cached=cached,

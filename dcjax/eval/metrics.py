@@ -38,7 +38,9 @@ report rely on it). The definitions:
 - ``refreshes``: frames recomputed in full (the first frame included).
 - ``cache_bytes``: bytes of the per-stream state after the last frame.
 - ``per_layer``: per reused convolution, ``name``, ``flops`` and the mean
-  ``reuse_fraction`` of its output.
+  ``reuse_fraction`` of its output; for DeepCache's methods then per fully
+  connected layer, the mean fraction of its inputs whose weight rows were not
+  read (0 unless refined).
 - ``config``: the method's full settings.
 """
 
@@ -213,6 +215,9 @@ def make_record(
     considered = ratios[~refreshed] if (~refreshed).any() else ratios
     considered = considered[np.isfinite(considered)]
     reuse = np.asarray(infos["reuse_fraction"], np.float64).reshape(len(flops_ratio), -1)
+    if "dense_reuse" in infos:  # a CachedModel's fully connected layers follow its convolutions
+        dense = np.asarray(infos["dense_reuse"], np.float64).reshape(len(flops_ratio), -1)
+        reuse = np.concatenate([reuse, dense], axis=1)
     per_layer = [
         {
             "name": lay.name,

@@ -18,9 +18,9 @@ from typing import Any
 
 from dcjax.config import RefineConfig
 from dcjax.eval.methods import (
-    LayerFlops,
     ModelSpec,
     Runner,
+    cached_layers,
     config_dict,
     deepcache_config,
     register_method,
@@ -43,7 +43,7 @@ def _runner(method: str, spec: ModelSpec, options: Mapping[str, Any], **defaults
         method=method,
         init=cached.init,
         step=cached.step,
-        layers=tuple(LayerFlops(name=lay.name, flops=int(lay.flops)) for lay in cached.layers),
+        layers=cached_layers(cached),
         config=config_dict(cfg),
         total_flops=int(cached.total_flops),
         cached=cached,

@@ -27,9 +27,9 @@ import numpy as np
 
 from dcjax.config import Config, SemanticConfig
 from dcjax.eval.methods import (
-    LayerFlops,
     ModelSpec,
     Runner,
+    cached_layers,
     config_dict,
     deepcache_config,
     register_method,
@@ -79,7 +79,7 @@ def _runner(method: str, spec: ModelSpec, options: Mapping[str, Any], **defaults
         method=method,
         init=cached.init,
         step=cached.step,
-        layers=tuple(LayerFlops(name=lay.name, flops=int(lay.flops)) for lay in cached.layers),
+        layers=cached_layers(cached),
         config=config,
         total_flops=int(cached.total_flops),
         cached=cached,

@@ -17,6 +17,8 @@ Every reused layer (a convolution by default) is handed to a ``reuse``
 callback with its output mask; the callback returns the layer's output
 (``where(R_out, shift(cache_{t-1}, M/s), op(x_t))``, computed sparsely by the
 kernels) and records the new cache. The interpreter itself holds no state.
+Fully connected layers (`signatures.DenseLayer`) go to a ``dense`` callback
+when one is given (refinement updates their products by the changed inputs).
 
 `FrameContext` is the per-frame view the mask rules use: the global motion
 ``M = (My, Mx)`` and the alignment policy. For a variable of stride
@@ -41,6 +43,7 @@ from dcjax.transforms.signatures import Analysis, Spatial, elementwise_call, sub
 
 ReuseFn = Callable[..., jax.Array]
 RefineFn = Callable[[int, jax.Array, regions.Mask], regions.Mask]
+DenseFn = Callable[[int, jcore.JaxprEqn, list], jax.Array]
 
 
 class FrameContext:
@@ -155,6 +158,7 @@ def evaluate(
     _path: tuple[int, ...] = (),
     refine: RefineFn | None = None,
     fuse: Callable[[int], bool] | None = None,
+    dense: DenseFn | None = None,
 ) -> tuple[list, list]:
     """Evaluate ``analysis.jaxpr`` on ``args``, propagating reuse masks.
 
@@ -174,12 +178,17 @@ def evaluate(
         fuse: if given, ``fuse(layer)`` says whether the layer's epilogue is
             fused (see the module docstring); ``reuse`` is then called as
             ``reuse(layer, eqn, invals, out_mask, epilogue)``.
+        dense: if given, called for every fully connected layer
+            (`signatures.DenseLayer`) as ``dense(index, eqn, invals)`` and
+            returns its product (refinement updates it by the changed rows).
 
     Returns:
         The outputs and their masks.
     """
     env = Env.of(analysis, args, masks)
-    run_eqns(env, 0, len(analysis.eqns), ctx, reuse, on_unsupported, record, _path, refine, fuse)
+    run_eqns(
+        env, 0, len(analysis.eqns), ctx, reuse, on_unsupported, record, _path, refine, fuse, dense
+    )
     return env.outputs()
 
 
@@ -194,6 +203,7 @@ def run_eqns(
     _path: tuple[int, ...] = (),
     refine: RefineFn | None = None,
     fuse: Callable[[int], bool] | None = None,
+    dense: DenseFn | None = None,
 ) -> None:
     """Evaluate equations ``start:stop`` of ``env.analysis`` into ``env``."""
     analysis = env.analysis
@@ -201,7 +211,7 @@ def run_eqns(
     for i in range(start, stop):
         pending = env.pending.get(i)  # a fused layer runs in its own scope
         with _scope(eqns[i] if pending is None else pending[1]):
-            _run_eqn(env, i, ctx, reuse, on_unsupported, record, _path, refine, fuse)
+            _run_eqn(env, i, ctx, reuse, on_unsupported, record, _path, refine, fuse, dense)
 
 
 def _scope(eqn: jcore.JaxprEqn):
@@ -220,6 +230,7 @@ def _run_eqn(
     _path: tuple[int, ...],
     refine: RefineFn | None,
     fuse: Callable[[int], bool] | None,
+    dense: DenseFn | None = None,
 ) -> None:
     """Evaluate equation ``i`` of ``env.analysis`` into ``env`` (see `run_eqns`)."""
     analysis = env.analysis
@@ -241,7 +252,7 @@ def _run_eqn(
     elif info.sub is not None:
         outs, omasks = evaluate(
             info.sub, invals, inmasks, ctx, reuse, on_unsupported, record, _path + (i,),
-            refine, fuse,
+            refine, fuse, dense,
         )  # fmt: skip
     else:
         if refine is not None and info.layer is not None:
@@ -274,6 +285,8 @@ def _run_eqn(
             return  # evaluated where the epilogue ends
         if info.layer is not None:
             outs = [reuse(info.layer, eqn, list(invals), omasks[0])]
+        elif info.dense is not None and dense is not None:
+            outs = [dense(info.dense, eqn, list(invals))]
         else:
             outs = lowering.bind(eqn, invals)
     for v, val, m, sig in zip(eqn.outvars, outs, omasks, info.out_sigs):

@@ -563,6 +563,7 @@ class EqnInfo:
     in_consts: list | None = None
     epilogue: tuple[int, ...] = ()
     fused_into: int | None = None
+    dense: int | None = None
 
 
 @dataclasses.dataclass
@@ -599,6 +600,34 @@ class Layer:
 
 
 @dataclasses.dataclass
+class DenseLayer:
+    """A fully connected layer: ``x @ W`` on one frame-dependent vector.
+
+    A ``dot_general`` whose left operand depends on the frame and has no
+    spatial signature (a flattened or pooled feature map), of shape ``(1, ...,
+    K)`` with every leading axis of size 1, contracting its last axis with
+    the first axis of a constant ``(K, N)`` matrix (Flax's ``nn.Dense``).
+    Under refinement (`dcjax.transforms.refine`) its product is updated by
+    the rows of ``W`` whose input changed; otherwise it is computed in full
+    like every other matrix product.
+
+    Attributes:
+        index: position in `CachedModel.dense_layers`.
+        name: module path from the trace (Flax name stack) or ``dense{index}``.
+        in_features, out_features: ``K`` and ``N``.
+        flops: multiply-adds x 2 of the product.
+        dtype: the product's dtype.
+    """
+
+    index: int
+    name: str
+    in_features: int
+    out_features: int
+    flops: int
+    dtype: Any = None
+
+
+@dataclasses.dataclass
 class Analysis:
     """Signatures of a jaxpr's variables and per-equation facts."""
 
@@ -611,6 +640,8 @@ class Analysis:
     #: FLOPs of the convolutions that are not reused layers and of every
     #: matrix product (fully connected layers), computed on every frame.
     other_flops: int
+    #: the fully connected layers among those matrix products (`DenseLayer`).
+    dense_layers: list[DenseLayer] = dataclasses.field(default_factory=list)
 
 
 _FOLD_LIMIT = 1 << 20
@@ -661,6 +692,7 @@ def analyze(
         reuse_ops: names of primitives whose outputs are cached.
     """
     layers: list[Layer] = []
+    dense_layers: list[DenseLayer] = []
     unsupported: set[str] = set()
     other = [0]
 
@@ -729,12 +761,15 @@ def analyze(
                 other[0] += conv_flops(eqn)
             if dynamic and eqn.primitive is P.dot_general_p:
                 other[0] += dot_flops(eqn)
+                if _is_dense(eqn, isigs, idyn):
+                    info.dense = len(dense_layers)
+                    dense_layers.append(_dense_layer(info.dense, eqn))
             for v, s in zip(eqn.outvars, info.out_sigs):
                 env_sig[v], env_dyn[v] = s, dynamic
             infos.append(info)
         _find_epilogues(cj.jaxpr, infos, read_dyn)
         out_sigs = [read_sig(v) for v in cj.jaxpr.outvars]
-        return Analysis(cj, list(sigs), out_sigs, infos, layers, unsupported, 0)
+        return Analysis(cj, list(sigs), out_sigs, infos, layers, unsupported, 0, dense_layers)
 
     result = walk(closed, list(in_sigs), list(in_dynamic))
     result.other_flops = other[0]
@@ -921,5 +956,35 @@ def _layer(index: int, eqn, in_sig: Spatial, out_sig: Spatial) -> Layer:
         flops=conv_flops(eqn),
         in_channels=_shape(eqn.invars[0])[eqn.params["dimension_numbers"].lhs_spec[1]],
         out_channels=_shape(eqn.invars[1])[eqn.params["dimension_numbers"].rhs_spec[0]],
+        dtype=eqn.outvars[0].aval.dtype,
+    )
+
+
+def _is_dense(eqn, isigs, idyn) -> bool:
+    """Whether a dynamic dot_general is a `DenseLayer` (see its docstring)."""
+    lhs, rhs = _shape(eqn.invars[0]), _shape(eqn.invars[1])
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    return (
+        idyn[0]
+        and not idyn[1]
+        and isigs[0] is None
+        and len(lhs) >= 1
+        and len(rhs) == 2
+        and int(np.prod(lhs[:-1], dtype=np.int64)) == 1
+        and tuple(lc) == (len(lhs) - 1,)
+        and tuple(rc) == (0,)
+        and not lb
+        and not rb
+    )
+
+
+def _dense_layer(index: int, eqn) -> DenseLayer:
+    k, n = _shape(eqn.invars[1])
+    return DenseLayer(
+        index=index,
+        name=str(eqn.source_info.name_stack) or f"dense{index}",
+        in_features=k,
+        out_features=n,
+        flops=dot_flops(eqn),
         dtype=eqn.outvars[0].aval.dtype,
     )

@@ -33,8 +33,13 @@ def test_records_are_consistent_with_the_measurements(evaluation, clip):
     assert base["speedup"] == 1.0 and base["top1_agreement"] == 1.0 and base["output_mse"] == 0
     assert base["cache_bytes"] == 0 and recs["deepcache"]["cache_bytes"] > 0
     assert recs["deepcache"]["config"]["kernel"] == "auto"
-    names = [lay["name"] for lay in recs["deepcache"]["per_layer"]]
-    assert len(names) == 3 and all("conv" in n for n in names)
+    # the convolutions, then the fully connected head (computed in full: no rows skipped)
+    layers = recs["deepcache"]["per_layer"]
+    assert [lay["name"] for lay in layers] == [f"TinyCNN/conv{i}" for i in (1, 2, 3)] + [
+        "TinyCNN/head"
+    ]
+    assert layers[-1]["flops"] == 2 * 16 * 10 and layers[-1]["reuse_fraction"] < 1.0
+    assert [lay["name"] for lay in base["per_layer"]] == [lay["name"] for lay in layers]
 
 
 def test_outputs_match_nocache_on_identical_frames(spec, clip):

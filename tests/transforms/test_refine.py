@@ -14,6 +14,7 @@ from skimage import data, transform
 from dcjax import deepcache
 from dcjax.config import RefineConfig
 from dcjax.transforms import refine as refine_lib
+from dcjax.transforms.signatures import DenseLayer
 
 SIZE = 32
 DN = ("NHWC", "HWIO", "NHWC")
@@ -271,3 +272,175 @@ def test_refine_config_validation():
         RefineConfig(metric="l1")
     with pytest.raises(ValueError, match="Config.refine"):
         deepcache.Config(refine=0.1)
+
+
+# -- fully connected layers ---------------------------------------------------
+
+FC_OUT = 24
+FC_PARAMS = {
+    "w1": PARAMS["w1"],
+    "fc": jax.random.normal(jax.random.key(3), (SIZE * SIZE * 3, FC_OUT)) * 0.02,
+    "fc2": jax.random.normal(jax.random.key(4), (SIZE * SIZE * 8, FC_OUT)) * 0.02,
+}
+
+
+def dense_on_frame(params, x):
+    """A fully connected layer on the frame itself: its input is known exactly."""
+    return (x.reshape(1, -1) @ params["fc"],)
+
+
+def conv_then_dense(params, x):
+    y1 = _conv(x, params["w1"])
+    return y1, jax.nn.relu(y1).reshape(1, -1) @ params["fc2"] + 0.1
+
+
+def test_fully_connected_layers_are_found():
+    cached = _transform(None, FC_PARAMS, model=conv_then_dense)
+    (fc,) = cached.dense_layers
+    assert (fc.in_features, fc.out_features) == (SIZE * SIZE * 8, FC_OUT)
+    assert fc.flops == 2 * SIZE * SIZE * 8 * FC_OUT
+    assert cached.total_flops == cached.layers[0].flops + fc.flops
+    # a matrix computed from the weights is one; a product whose frame operand is
+    # on the right, or has several rows, is not
+    for model, count in (
+        (lambda p, x: (x.reshape(1, -1) @ (p["fc"].T * 2.0).T,), 1),
+        (lambda p, x: (p["fc"].T @ x.reshape(-1, 1),), 0),
+        (lambda p, x: (x.reshape(SIZE, -1) @ p["fc"].reshape(SIZE * 3, -1),), 0),
+    ):
+        assert len(_transform(None, FC_PARAMS, model=model).dense_layers) == count
+
+
+def _simulate(frames, w, delta, scale):
+    """DeltaCNN's update for one linear layer, in float64 numpy: the oracle."""
+    w = np.asarray(w, np.float64)
+    x_ref, y_ref, outs, reuse = None, None, [], []
+    for f in frames:
+        x = f.reshape(-1).astype(np.float64)
+        if x_ref is None:
+            x_ref, y_ref = x, x @ w
+            reuse.append(0.0)
+        else:
+            changed = ~(np.abs(x - x_ref) < delta * scale)
+            y_ref = y_ref + np.where(changed, x - x_ref, 0.0) @ w
+            x_ref = np.where(changed, x, x_ref)
+            reuse.append(1.0 - changed.mean())
+        outs.append(y_ref)
+    return outs, reuse
+
+
+def test_dense_refinement_matches_an_independent_update_and_its_bound():
+    """30 frames of drift and noise, no refresh: the refined product follows the
+    numpy oracle of the same rule, stays within ``delta_l * sum |W|`` of the exact
+    product (no accumulation), and reads fewer rows than a dense product."""
+    delta = 0.1
+    cached = _transform(
+        RefineConfig(delta=delta, layers="all"), FC_PARAMS, model=dense_on_frame, matcher="none",
+        refresh_every=None,
+    )  # fmt: skip
+    frames = _photo_stream(30, 0.004, 0.01)
+    state = cached.init()
+    outs, reuse = [], []
+    for f in frames:
+        (y,), state, info = cached.step(state, f)
+        outs.append(np.asarray(y)[0])
+        reuse.append(float(info["dense_reuse"][0]))
+        # no convolution: the work is the rows read
+        np.testing.assert_allclose(float(info["flops_ratio"]), 1.0 - reuse[-1], rtol=1e-6)
+    scale = float(state.dense[0][2])
+    assert scale == pytest.approx(np.abs(frames[0]).mean(), rel=1e-6)
+    want, want_reuse = _simulate(frames, FC_PARAMS["fc"], delta, scale)
+    bound = np.asarray(refine_lib.dense_error_bound(FC_PARAMS["fc"], delta * scale))
+    w = np.asarray(FC_PARAMS["fc"], np.float64)
+    for t, f in enumerate(frames):
+        np.testing.assert_allclose(outs[t], want[t], rtol=1e-4, atol=1e-4)
+        err = np.abs(outs[t] - f.reshape(-1).astype(np.float64) @ w)
+        assert (err <= bound + 1e-4).all(), (t, err.max(), bound.min())
+    np.testing.assert_allclose(reuse, want_reuse, atol=1e-6)
+    assert min(reuse[1:]) > 0.3  # the stream is one where rows are skipped
+
+
+def test_dense_refinement_falls_back_to_the_full_product_when_most_inputs_change():
+    cached = _transform(
+        RefineConfig(delta=0.1, layers="all"), FC_PARAMS, model=dense_on_frame, matcher="none"
+    )
+    f = _photo_stream(1, 0.0, 0.0)[0]
+    state = cached.init()
+    _, state, _ = cached.step(state, f)
+    (y,), state, info = cached.step(state, 1.0 - f)  # every input changes
+    assert float(info["dense_reuse"][0]) == 0.0
+    exact = jnp.asarray(1.0 - f).reshape(1, -1) @ FC_PARAMS["fc"]
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(exact))
+    np.testing.assert_array_equal(np.asarray(state.dense[0][0]), (1.0 - f).reshape(-1))
+
+
+def test_dense_refinement_with_delta_zero_and_refresh_is_exact():
+    frames = _photo_stream(5, 0.01, 0.01)
+    plain = _transform(None, FC_PARAMS, model=conv_then_dense, refresh_every=3)
+    zero = _transform(
+        RefineConfig(delta=0.0, layers="all"), FC_PARAMS, model=conv_then_dense, refresh_every=3
+    )
+    refined = _transform(
+        RefineConfig(delta=0.5, layers="all"), FC_PARAMS, model=conv_then_dense, refresh_every=3
+    )
+    sp, sz, sr = plain.init(), zero.init(), refined.init()
+    for f in frames:
+        op, sp, _ = plain.step(sp, f)
+        oz, sz, iz = zero.step(sz, f)
+        (y1, y), sr, ir = refined.step(sr, f)
+        for a, b in zip(op, oz):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        # every input counts as changed: all rows are read, unless the frame is still
+        assert float(iz["dense_reuse"][0]) == float(iz["skipped"])
+        if bool(ir["refreshed"]):  # the reference is reset to the input
+            x = np.asarray(jax.nn.relu(y1)).reshape(-1)
+            np.testing.assert_array_equal(np.asarray(sr.dense[0][0]), x)
+            np.testing.assert_allclose(
+                np.asarray(y), x[None] @ np.asarray(FC_PARAMS["fc2"]) + 0.1, rtol=1e-5, atol=1e-5
+            )
+            assert float(ir["dense_reuse"][0]) == 0.0
+
+
+def test_dense_layers_follow_refine_config_layers():
+    def fc(k, n):
+        return DenseLayer(index=0, name="fc", in_features=k, out_features=n, flops=2 * k * n)
+
+    # "auto": big weight matrices with enough outputs (AlexNet's fc6 and fc7, not
+    # the classifier heads of ResNet-50 or GoogLeNet, not PilotNet's layers)
+    layers = [fc(9216, 4096), fc(4096, 4096), fc(4096, 1000), fc(2048, 1000), fc(1164, 100)]
+    auto = refine_lib.refined_dense(layers, RefineConfig())
+    assert auto == (True, True, False, False, False)
+    assert refine_lib.refined_dense([fc(1 << 20, 8)], RefineConfig()) == (False,)
+    assert all(refine_lib.refined_dense(layers, RefineConfig(layers="all")))
+    assert _transform(RefineConfig(), FC_PARAMS, model=dense_on_frame).init().dense == (None,)
+    (fc,) = _transform(None, FC_PARAMS, model=conv_then_dense).dense_layers
+    only_fc = _transform(RefineConfig(layers=(fc.name,)), FC_PARAMS, model=conv_then_dense)
+    assert fc.name == "dense0"  # a plain function has no module names
+    state = only_fc.init()
+    assert state.refs == (None,) and state.dense[0] is not None
+    with pytest.raises(ValueError, match=fc.name):
+        _transform(RefineConfig(layers=("nope",)), FC_PARAMS, model=conv_then_dense)
+    assert _transform(None, FC_PARAMS, model=conv_then_dense).init().dense == ()
+
+
+def test_dense_refinement_under_vmap_and_on_still_frames():
+    cached = _transform(RefineConfig(delta=0.2, layers="all"), FC_PARAMS, model=dense_on_frame)
+    frames = _photo_stream(3, 0.003, 0.02)
+    pairs = np.stack([frames[:2], frames[1:]], axis=1)  # (T=2, streams=2, ...)
+    states = jax.vmap(lambda _: cached.init())(jnp.arange(2))
+    step = jax.vmap(cached.step)
+    for t in range(2):
+        outs, states, _ = step(states, jnp.asarray(pairs[t]))
+    for i in range(2):
+        s = cached.init()
+        for t in range(2):
+            single, s, _ = cached.step(s, pairs[t, i])
+        np.testing.assert_allclose(np.asarray(outs[0][i]), np.asarray(single[0]), atol=1e-5)
+    # a still frame skips the network and keeps the reference and the product
+    state = cached.init()
+    _, state, _ = cached.step(state, frames[0])
+    before = [np.asarray(a) for a in state.dense[0]]
+    (y,), state, info = cached.step(state, frames[0])
+    assert bool(info["skipped"])
+    for a, b in zip(before, state.dense[0]):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    np.testing.assert_array_equal(np.asarray(y)[0], before[1])
