@@ -191,7 +191,7 @@ def test_bfloat16_inputs_keep_dtype() -> None:
     )
 
 
-@SETTINGS
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_conv_as_dot_equals_the_convolution(case: Case) -> None:
     """The im2col product matches XLA's convolution for every stride, dilation and padding."""
