@@ -391,7 +391,12 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
               "reused from nearly equal pixels flip it too.")  # fmt: skip
     print(_where_time_went(ev.records))
     if rec["per_layer"]:
-        print(f"\nreuse per layer ({args.method}, {len(rec['per_layer'])} convolutions; "
+        cached = getattr(ev.runners[rec["variant"]], "cached", None)
+        n_dense = len(cached.dense_layers) if cached is not None else 0
+        kinds = f"{len(rec['per_layer']) - n_dense} convolutions"
+        if n_dense:  # their reuse: the fraction of weight rows not read
+            kinds += f", then {n_dense} fully connected"
+        print(f"\nreuse per layer ({args.method}, {kinds}; "
               "FLOPs = share of the model's):")  # fmt: skip
         print(_per_layer_text(rec))
     if pretrained and ev.outputs["nocache"].shape[-1] == 1000:

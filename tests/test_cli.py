@@ -106,6 +106,8 @@ def test_demo_writes_report(tmp_path, capsys):
     assert cli.main(["demo", *TINY, "--out", str(out_dir)]) == 0
     text = capsys.readouterr().out
     assert "ideal" in text and "reuse per layer" in text and "Dave" in text
+    # PilotNet: five convolutions, then its four fully connected layers
+    assert "5 convolutions, then 4 fully connected;" in text and "Dave/fc0" in text
     html = (out_dir / "report.html").read_text()
     for png in ("reuse_masks.png", "timeline.png", "latency_by_method.png", "per_layer.png"):
         assert os.path.exists(out_dir / png), png
