@@ -14,8 +14,11 @@ a frame on this project's 2-core CPU, at memory speed). When only a fraction
 inputs (`dcjax._compact.compact`) and gathers their rows in chunks of
 `chunk_rows` rows, one trip of a loop per chunk, ``ceil(f K / chunk)`` trips;
 each chunk's rows (about 4 MiB) are read once from memory and multiplied while
-in cache. Measured on ``fc6`` (9216 x 4096, medians of 30 calls): dense 6.2
-ms; 10 / 20 / 33 % of the rows changed: 1.35 / 1.9 / 2.9 ms. On GPU and TPU
+in cache. Measured on ``fc6``'s shape (9216 x 4096, random rows, medians of 30
+jitted calls): dense 5.6-6.2 ms; nothing changed 0.09 ms; 10 / 20 / 33 / 60 %
+of the rows changed 0.82 / 1.73 / 2.54 / 4.42 ms (about one process in eight
+on the 2-core development machine ran it 2-3x slower throughout, as it did
+any loop of row gathers: see the README). On GPU and TPU
 (`dcjax._loops.skipping_pays` false) a loop with a dynamic trip count stalls
 the stream, so the kernel is the reference form there: one dense product of
 the masked differences, at the device's bandwidth.
