@@ -503,9 +503,10 @@ class CachedModel:
             return matching.static_match(prev, cur, **common, **cfg.matcher_options)
         if cfg.matcher == "histogram":
             return matching.histogram_match(prev, cur, **cfg.matcher_options)
+        # The step uses the motion and the mask, not every block's vector.
+        options = {"all_vectors": False, **cfg.matcher_options}
         return matching.match(
-            prev, cur, search=cfg.matcher, init_motion=init_motion, **common,
-            **cfg.matcher_options,
+            prev, cur, search=cfg.matcher, init_motion=init_motion, **common, **options
         )  # fmt: skip
 
     def _next_key(self, key, frame, r0, motion):

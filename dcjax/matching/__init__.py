@@ -57,6 +57,7 @@ def match(
     color: str = "luma",
     data_range: float | None = None,
     search_range: int = DEFAULT_SEARCH_RANGE,
+    all_vectors: bool = True,
 ) -> Match:
     """Match ``cur`` against ``prev`` (DeepCache Section 4).
 
@@ -77,6 +78,9 @@ def match(
         color: ``"luma"`` or ``"rgb"``: the planes PSNR is computed on.
         data_range: peak value for PSNR; default 255 (integer) or 1.0 (float).
         search_range: largest ``|dy|`` and ``|dx|`` searched.
+        all_vectors: ``False`` lets a steady diamond search stop once the
+            motion and the mask are settled (`block_match`); only the
+            ``block_vectors`` of blocks that moved may then differ.
 
     Returns:
         The `Match`.
@@ -108,4 +112,5 @@ def match(
         color=color,
         data_range=data_range,
         search_range=search_range,
+        all_vectors=all_vectors,
     )

@@ -28,6 +28,19 @@ frame, both (H, W, C):
 5. **Merge.** The mask is the union of the matched blocks;
    `dcjax.matching.rectangles` gives the paper's merged rectangles.
 
+**Early settling** (``all_vectors=False``, what `dcjax.deepcache` asks for:
+its step uses the motion and the mask only). On the steady path, when more
+than half of all blocks end their search at the zero vector without moving and
+pass the threshold there, zero is the most frequent vector whatever the other
+blocks find, and the rounded mean of its inliers is zero too (the other
+inliers, within one pixel, are fewer than half of them, so each component of
+the mean is under 1/2 in magnitude); Step 4 then reads every block's cost at
+zero from the whole-plane passes. So the blocks that moved are not searched
+any further: the Match is the same except for their ``block_vectors``, which
+are their first step's. On a fixed camera that is most frames, and it skips
+the loop over the moving blocks (and, on frames where more blocks move than
+the compacted search has slots for, the window search of every block).
+
 ``psnr_threshold=inf`` matches nothing. Blocks that were not searched
 (``k_skip > 1``) report the global motion as their vector.
 
@@ -156,6 +169,7 @@ def _shift_ssd(
         "reuse_scores",
         "color",
         "search_range",
+        "all_vectors",
     ),
 )
 def _block_match(
@@ -172,6 +186,7 @@ def _block_match(
     reuse_scores: bool,
     color: str,
     search_range: int,
+    all_vectors: bool = True,
 ) -> Match:
     h, w = cur.shape[:2]
     bs, k, r = block_size, k_skip, search_range
@@ -202,6 +217,8 @@ def _block_match(
         weights = jnp.asarray(wgrid.reshape(1, bs, bs, -1))
 
     geometry = _search.Blocks(None, weights, *map(jnp.asarray, (corners, lo, hi)))
+    counts = block_counts_np((h, w), bs)
+    counts_s = counts[::k, ::k].reshape(-1)
 
     def cut(cur_p):
         grid = cur_p.reshape(ch, nby, bs, nbx, bs)[:, ::k, :, ::k]
@@ -217,9 +234,21 @@ def _block_match(
         # moving blocks than it has slots for, searches every block by windows.
         def steady(prev_p, cur_p):
             costs = _search.plane_ssd(cur_p, prev_p, pad, bs, inside if (eh or ew) else None)
+            decided = None
+            if not all_vectors:
+                # Blocks that end at zero and pass there: more than half of all
+                # blocks make zero the most frequent vector and the rounded
+                # mean of its inliers (Step 3), and Step 4 then reads every
+                # block's cost at zero from `costs`, whatever the others find.
+                psnr0 = psnr_from_mse(costs[0] / (counts_s * ch), peak)
+                passes0 = (psnr0 > psnr_threshold) & jnp.isfinite(costs[0])
+
+                def decided(at_zero):
+                    return 2 * jnp.sum(at_zero & passes0) > at_zero.shape[0]
+
             return _search.steady_diamond_search(
                 prev_p, cur_p, geometry, costs,
-                pad=pad, block_size=bs, max_steps=max_steps,
+                pad=pad, block_size=bs, max_steps=max_steps, decided=decided,
             )  # fmt: skip
 
         def by_windows(prev_p, cur_p, start):
@@ -237,8 +266,6 @@ def _block_match(
         res = _search.three_step_search(prev_p, cut(cur_p), start, search_range=r)
     else:
         res = _search.exhaustive_search(prev_p, cut(cur_p), start, search_range=r)
-    counts = block_counts_np((h, w), bs)
-    counts_s = counts[::k, ::k].reshape(-1)
     best_psnr = psnr_from_mse(res.ssd / (counts_s * ch), peak)
     passes = best_psnr > psnr_threshold
 
@@ -296,6 +323,7 @@ def block_match(
     color: str = "luma",
     data_range: float | None = None,
     search_range: int = DEFAULT_SEARCH_RANGE,
+    all_vectors: bool = True,
 ) -> Match:
     """Match ``cur`` against ``prev`` with a motion search (DeepCache Section 4).
 
@@ -315,6 +343,11 @@ def block_match(
         color: ``"luma"`` (BT.601) or ``"rgb"``: the planes compared.
         data_range: peak value for PSNR; default 255 (integer) or 1.0 (float).
         search_range: largest ``|dy|`` and ``|dx|`` searched.
+        all_vectors: search every block to the end. ``False`` lets the diamond
+            search from a zero start stop early where its outcome is settled
+            (the module docstring, "Early settling"): ``motion``, ``mask``, ``block_psnr`` and
+            ``match_ratio`` are unchanged, only ``block_vectors`` of the
+            blocks that moved may be those of their first step.
 
     Returns:
         The `Match`.
@@ -353,6 +386,7 @@ def block_match(
         reuse_scores=bool(reuse_scores),
         color=color,
         search_range=int(search_range),
+        all_vectors=bool(all_vectors),
     )
 
 

@@ -39,6 +39,7 @@ instead of 1.3 s.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -47,7 +48,7 @@ import numpy as np
 from jax import lax
 
 from dcjax._compact import compact
-from dcjax._loops import skipping_pays
+from dcjax._loops import run_if, skipping_pays
 
 # Large diamond search pattern (Zhu & Ma 1997) around the centre (0, 0).
 LARGE_DIAMOND = ((-2, 0), (2, 0), (0, -2), (0, 2), (-1, -1), (-1, 1), (1, -1), (1, 1))
@@ -472,6 +473,7 @@ def steady_diamond_search(
     pad: int,
     block_size: int,
     max_steps: int,
+    decided: Callable[[jax.Array], jax.Array] | None = None,
 ) -> tuple[SearchResult, jax.Array]:
     """`diamond_search` from a zero start, for a steady scene where most blocks stay.
 
@@ -492,6 +494,15 @@ def steady_diamond_search(
         pad: the padding before the frame in ``prev_p``.
         block_size: the side of the blocks.
         max_steps: most large-diamond moves per block.
+        decided: given the (n,) flags of the blocks whose search ends at the
+            zero vector without moving (their centre won both diamonds),
+            whether the caller needs nothing from the blocks that move. Where
+            it holds, those are not searched further (nor does the result
+            overflow) and report their first step's best vector and cost: a
+            caller that needs only the global motion and the costs at it
+            (`dcjax.matching.block`, whose motion is zero once more than half
+            the blocks pass there) skips the stragglers' loop and the
+            overflow's window search of every block.
 
     Returns:
         ``(result, overflow)``.
@@ -505,14 +516,24 @@ def steady_diamond_search(
     moved, best, start_ssd = _first_known(blocks, start, start_costs, LARGE_DIAMOND)
     _, stay = _choose(best, SMALL_DIAMOND, _known_costs(blocks, start, start_costs, SMALL_DIAMOND))
     cap = steady_capacity(n)
-    count = moved.sum()
-    idx, valid = _slots(moved, cap)
-    sub = _take(blocks, idx, (cur_p, pad, block_size))
-    active = moved[idx] & valid
-    sub_best = _stragglers(prev_p, sub, best, idx, active, jnp.int32(1), max_steps, chain=True)
-    _, sub_best, _ = _step(prev_p, sub, sub_best, SMALL_DIAMOND, 1, chain=True)
-    best = _put(stay, sub_best, jnp.where(valid, idx, n))
-    return SearchResult(jnp.stack([best.dy, best.dx]), best.cost, start, start_ssd), count > cap
+    overflow = moved.sum() > cap
+
+    def search_moving(prev_p, cur_p, best, stay, moved):
+        idx, valid = _slots(moved, cap)
+        sub = _take(blocks, idx, (cur_p, pad, block_size))
+        active = moved[idx] & valid
+        sub_best = _stragglers(prev_p, sub, best, idx, active, jnp.int32(1), max_steps, chain=True)
+        _, sub_best, _ = _step(prev_p, sub, sub_best, SMALL_DIAMOND, 1, chain=True)
+        return _put(stay, sub_best, jnp.where(valid, idx, n))
+
+    if decided is None:
+        best = search_moving(prev_p, cur_p, best, stay, moved)
+    else:
+        skip = decided(~moved & (stay.dy == 0) & (stay.dx == 0))
+        first = _Best(*(jnp.where(moved, b, s) for b, s in zip(best, stay, strict=True)))
+        best = run_if(~skip, search_moving, (prev_p, cur_p, best, stay, moved), first)
+        overflow = overflow & ~skip
+    return SearchResult(jnp.stack([best.dy, best.dx]), best.cost, start, start_ssd), overflow
 
 
 def three_step_steps(search_range: int) -> tuple[int, ...]:

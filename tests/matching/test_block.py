@@ -212,3 +212,29 @@ def test_bad_arguments_name_the_argument(kwargs, message):
 def test_frames_of_different_shapes_are_rejected():
     with pytest.raises(ValueError, match="one shape"):
         match(np.zeros((20, 20, 3), np.uint8), np.zeros((20, 21, 3), np.uint8))
+
+
+def test_early_settling_changes_only_the_vectors_of_moving_blocks():
+    """``all_vectors=False`` gives the same motion, mask, PSNRs and ratio as the
+    full search on real fixed-camera frames (people walking), where it settles
+    early, and on a pan, where it does not (every block moves: the search runs)."""
+    from dcjax.eval.harness import load_frames
+
+    frames = load_frames("vtest", (120, 160, 3), frames=10)
+    pairs = [(frames[i], frames[i + 1]) for i in range(len(frames) - 1)]
+    pairs.append(shifted_pair(photo("astronaut"), (3, -2), shape=(120, 160)))
+    settled = 0
+    for prev, cur in pairs:
+        full = match(prev, cur, psnr_threshold=25.0)
+        early = match(prev, cur, psnr_threshold=25.0, all_vectors=False)
+        for field in ("motion", "mask", "block_psnr", "match_ratio"):
+            np.testing.assert_array_equal(
+                np.asarray(getattr(early, field)), np.asarray(getattr(full, field))
+            )
+        a, b = np.asarray(early.block_vectors), np.asarray(full.block_vectors)
+        moved = (b != 0).any(-1)
+        np.testing.assert_array_equal(a[~moved], b[~moved])  # the blocks that stay: same
+        settled += int((a != b).any())
+    assert tuple(np.asarray(full.motion)) == (3, -2)  # the pan: found, nothing skipped
+    np.testing.assert_array_equal(a, b)
+    assert settled >= 5  # most fixed-camera pairs skipped some moving block's search

@@ -457,3 +457,62 @@ def test_steady_search_holds_an_eighth_of_the_blocks_moving():
     moved = order[:cap]
     assert (vectors[moved] == (2, 0)).all() and (np.delete(vectors, moved, 0) == 0).all()
     assert search(cap + 8)[1]  # past the slots: the window search runs instead
+
+
+@pytest.mark.parametrize("n_movers", [20, 30])
+def test_settled_steady_search_leaves_the_moving_blocks_at_their_first_step(n_movers):
+    """With ``decided`` true the blocks that move keep their first step's best
+    (no further steps, and no overflow past the 24 slots); with it false the
+    search is the full one. ``decided`` gets exactly the blocks that end at zero
+    without moving."""
+    rng = np.random.default_rng(1)
+    bs, n_side = 10, 12  # 144 blocks: 24 slots
+    assert S.steady_capacity(n_side * n_side) == 24
+    h = w = bs * n_side
+    # a smooth photo: the cost falls towards the true vector, so the search walks
+    prev = luma(smooth(photo("astronaut"), 3.0))[100 : 100 + h + 16, 150 : 150 + w + 16]
+    prev = prev.astype(np.float32)
+    movers = rng.permutation(n_side * (n_side - 1))[:n_movers]
+    cur = prev[8 : 8 + h, 8 : 8 + w].copy()
+    for b in movers:  # these blocks come from 4 rows lower: (2, 0) first, then (4, 0)
+        y, x = divmod(int(b), n_side)
+        cur[y * bs : (y + 1) * bs, x * bs : (x + 1) * bs] = prev[
+            8 + y * bs + 4 : 8 + (y + 1) * bs + 4, 8 + x * bs : 8 + (x + 1) * bs
+        ]
+    pad = R + 2
+    _, _, corners, lo, hi = B._geometry(h, w, bs, 1, R, pad)
+    prev_p = jnp.pad(
+        jnp.asarray(prev[8 : 8 + h, 8 : 8 + w])[None], ((0, 0), (pad, pad), (pad, pad))
+    )
+    cur_p = jnp.asarray(cur)[None]
+    blocks = S.Blocks(None, None, *map(jnp.asarray, (corners, lo, hi)))
+    costs = S.plane_ssd(cur_p, prev_p, pad, bs, None)
+    staying = n_side * n_side - n_movers
+
+    def run(decided):
+        res, overflow = jax.jit(
+            lambda c: S.steady_diamond_search(
+                prev_p, cur_p, blocks, c, pad=pad, block_size=bs, max_steps=8, decided=decided
+            )
+        )(costs)
+        return np.asarray(res.vectors).T, np.asarray(res.ssd), bool(overflow)
+
+    full = run(None)
+    assert full[2] == (n_movers > 24)
+    if not full[2]:  # a valid result: the movers reached (4, 0)
+        assert (full[0][movers] == (4, 0)).all() and (np.delete(full[0], movers, 0) == 0).all()
+    for out in [run(lambda z: jnp.bool_(False)), run(lambda z: z.sum() != staying)]:
+        for a, b in zip(out, full, strict=True):
+            np.testing.assert_array_equal(a, b)
+    v, ssd, over = run(lambda z: z.sum() == staying)  # true only for the right flags
+    assert not over
+    assert (np.delete(v, movers, 0) == 0).all()
+    np.testing.assert_array_equal(np.delete(ssd, movers), np.delete(full[1], movers))
+    # each mover at the best point of its first step: the large diamond around 0
+    first = [S.PLANE_OFFSETS.index(o) for o in ((0, 0), *S.LARGE_DIAMOND)]
+    c = np.asarray(costs)
+    for b in movers:
+        assert tuple(v[b]) in S.LARGE_DIAMOND
+        assert ssd[b] == c[S.PLANE_OFFSETS.index(tuple(v[b])), b] == c[first, b].min()
+    if not full[2]:
+        assert (v[movers] != full[0][movers]).any(-1).all()  # none got to (4, 0)
