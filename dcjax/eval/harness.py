@@ -308,7 +308,9 @@ def input_masks(
         elif matcher == "static":
             m = matching.static_match(prev, cur, **common)
         else:
-            m = matching.match(prev, cur, search=matcher, **common, **options)
+            m = matching.match(
+                prev, cur, search=matcher, **common, **{"all_vectors": False, **options}
+            )
         return m.mask
 
     masks = [np.zeros(frames.shape[1:3], bool)]
