@@ -343,11 +343,11 @@ def block_match(
         color: ``"luma"`` (BT.601) or ``"rgb"``: the planes compared.
         data_range: peak value for PSNR; default 255 (integer) or 1.0 (float).
         search_range: largest ``|dy|`` and ``|dx|`` searched.
-        all_vectors: search every block to the end. ``False`` lets the diamond
-            search from a zero start stop early where its outcome is settled
-            (the module docstring, "Early settling"): ``motion``, ``mask``, ``block_psnr`` and
-            ``match_ratio`` are unchanged, only ``block_vectors`` of the
-            blocks that moved may be those of their first step.
+        all_vectors: search every block to the end. ``False`` lets the
+            diamond search from a zero start stop where its outcome is settled
+            (the module docstring, "Early settling"): ``motion``, ``mask``,
+            ``block_psnr`` and ``match_ratio`` are unchanged, only the
+            ``block_vectors`` of blocks that moved may be their first step's.
 
     Returns:
         The `Match`.
