@@ -378,6 +378,27 @@ def test_diamond_search_under_vmap_matches_single_streams():
         np.testing.assert_allclose(np.asarray(batched.block_psnr[k]), np.asarray(one.block_psnr))
 
 
+def test_settled_search_under_vmap_matches_single_streams():
+    """A stream that settles early (a moving patch on a still photo) and one that
+    does not (a pan: every block moves) in one batch: each equals its own
+    single-stream result, vectors included."""
+    pairs = [_moving_patch("coffee", seed=9), shifted_pair(photo("chelsea"), (2, -3))]
+
+    def settled(p, c):
+        return B.block_match(p, c, psnr_threshold=30.0, all_vectors=False)
+
+    single = [settled(jnp.asarray(p), jnp.asarray(c)) for p, c in pairs]
+    full = B.block_match(jnp.asarray(pairs[0][0]), jnp.asarray(pairs[0][1]), psnr_threshold=30.0)
+    assert (np.asarray(single[0].block_vectors) != np.asarray(full.block_vectors)).any()
+    batched = jax.vmap(settled)(jnp.stack([p for p, _ in pairs]), jnp.stack([c for _, c in pairs]))
+    for k, one in enumerate(single):
+        for field in ("motion", "mask", "block_vectors", "block_psnr", "match_ratio"):
+            np.testing.assert_array_equal(
+                np.asarray(getattr(batched, field)[k]), np.asarray(getattr(one, field))
+            )
+    assert tuple(np.asarray(single[1].motion)) == (2, -3)
+
+
 @pytest.mark.parametrize("start", [(0, 0), (2, -1)])
 def test_fixed_step_diamond_equals_the_stopping_one(start):
     """The loop of static length (GPU) finds exactly what stepping until every
