@@ -220,6 +220,10 @@ def _block_match(
     counts = block_counts_np((h, w), bs)
     counts_s = counts[::k, ::k].reshape(-1)
 
+    def voting(ssd):
+        """Searched blocks whose vector counts in Step 3: finite SSD, PSNR past the threshold."""
+        return (psnr_from_mse(ssd / (counts_s * ch), peak) > psnr_threshold) & jnp.isfinite(ssd)
+
     def cut(cur_p):
         grid = cur_p.reshape(ch, nby, bs, nbx, bs)[:, ::k, :, ::k]
         cur_b = lax.optimization_barrier(grid.transpose(0, 2, 4, 1, 3).reshape(ch, bs, bs, -1))
@@ -240,11 +244,8 @@ def _block_match(
                 # blocks make zero the most frequent vector and the rounded
                 # mean of its inliers (Step 3), and Step 4 then reads every
                 # block's cost at zero from `costs`, whatever the others find.
-                psnr0 = psnr_from_mse(costs[0] / (counts_s * ch), peak)
-                passes0 = (psnr0 > psnr_threshold) & jnp.isfinite(costs[0])
-
                 def decided(at_zero):
-                    return 2 * jnp.sum(at_zero & passes0) > at_zero.shape[0]
+                    return 2 * jnp.sum(at_zero & voting(costs[0])) > at_zero.shape[0]
 
             return _search.steady_diamond_search(
                 prev_p, cur_p, geometry, costs,
@@ -266,11 +267,9 @@ def _block_match(
         res = _search.three_step_search(prev_p, cut(cur_p), start, search_range=r)
     else:
         res = _search.exhaustive_search(prev_p, cut(cur_p), start, search_range=r)
-    best_psnr = psnr_from_mse(res.ssd / (counts_s * ch), peak)
-    passes = best_psnr > psnr_threshold
 
     # Step 3: global motion.
-    motion = _global_motion(res.vectors.T, passes & jnp.isfinite(res.ssd), r)
+    motion = _global_motion(res.vectors.T, voting(res.ssd), r)
 
     # Step 4: every block at the global motion.
     all_lo, all_hi = _all_bounds(h, w, bs)
