@@ -166,7 +166,7 @@ class Config:
             `dcjax.kernels.masked_conv`): ``"auto"`` (the measured fastest per
             backend and layer), ``"xla"`` (tile gather, batched convolution,
             scatter), ``"rows"`` (dirty pixels as matrix rows, one matmul;
-            grouped layers use ``"xla"``), ``"pallas"`` (interpreted on CPU), ``"dense"`` (compute
+            depthwise and many-group layers use ``"xla"``), ``"pallas"`` (interpreted on CPU), ``"dense"`` (compute
             everything, no select) or ``"reference"`` (dense then select: the
             oracle).
         matcher: ``"diamond"`` (the default: diamond search, DeepCache Section 4),

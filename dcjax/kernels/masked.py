@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from dcjax.kernels import auto as _auto
+from dcjax.kernels import rows as _rows
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels import xla as _xla
 from dcjax.kernels.reference import conv, reference_masked_conv
@@ -107,8 +108,9 @@ def masked_conv(
             allows; an option for 1x1 layers when the cache cannot be donated),
             ``"xla"``
             (tile gather, batched conv, scatter; any backend), ``"rows"`` (dirty
-            pixels gathered as matrix rows, one matmul, row scatter; grouped
-            convolutions go to ``"xla"``; `dcjax.kernels.rows`), ``"pallas"`` (the
+            pixels gathered as matrix rows, one matmul per feature group, row
+            scatter; depthwise and many-group convolutions go to ``"xla"``;
+            `dcjax.kernels.rows`), ``"pallas"`` (the
             Pallas kernel of the current backend: ``"pallas_tpu"`` on TPU,
             ``"pallas_gpu"`` otherwise), or ``"auto"`` (the measured fastest for
             this backend and layer, see `dcjax.kernels.auto`).
@@ -163,9 +165,9 @@ def masked_conv(
     if impl == "dense":
         out = dense_conv(x, w, p)
         return out if epilogue is None else epilogue(out)
-    if impl == "rows" and groups == 1:
+    if impl == "rows" and _rows.computes_groups(x.shape[-1], groups):
         return rows_masked_conv(x, w, reuse_mask, cached, epilogue=epilogue, **kwargs)
-    if impl in ("xla", "rows"):  # rows computes ungrouped convolutions only
+    if impl in ("xla", "rows"):  # rows leaves depthwise and many-group convolutions to xla
         return xla_masked_conv(x, w, reuse_mask, cached, tile=tile, epilogue=epilogue, **kwargs)
     if not interpret and jax.default_backend() != {"pallas_gpu": "gpu", "pallas_tpu": "tpu"}[impl]:
         raise ValueError(

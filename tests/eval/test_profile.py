@@ -6,6 +6,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from dcjax.eval import profile as P
@@ -50,6 +51,17 @@ def test_top_level_ops_and_groups_from_hlo_text():
     assert P.group_of("jit(step)/leaves[0]", layers) == P.OUTSIDE
 
 
+def test_executed_ops_list_loop_bodies_and_set_the_loops_apart():
+    module, ops, control = P.executed_ops(HLO)
+    assert module == "jit_step"
+    _, top = P.top_level_ops(HLO)
+    assert top.items() <= ops.items()
+    # the loop body's operation is listed, under its own scope
+    assert ops["t"] == "jit(step)/Net/conv2/conv/while/body/add"
+    assert P.group_of(ops["t"], ["Net/conv1/conv", "Net/conv2/conv"]) == "Net/conv2/conv"
+    assert control == {"while.7"}
+
+
 class _Lopsided(nn.Module):
     """A light 1x1 convolution from 3 to 4 channels, then a heavy 5x5 one with 128.
 
@@ -91,6 +103,37 @@ def test_profile_charges_layers_by_their_work(lopsided):
     cached = P.profile(runner, frames, warmup=2)
     assert cached.groups["dcjax.match"] > 0 and heavy in cached.groups
     assert set(cached.as_dict()) >= {"method", "wall_ms", "groups", "total_ms"}
+
+
+def test_profile_charges_the_work_inside_loops_to_their_layer():
+    """The sparse kernels run their work in loops of data-dependent trip counts;
+    XLA:CPU records a loop's body as operations of their own (possibly on
+    another thread, after the loop's own event has ended), and those go to the
+    layer whose scope they carry, not to the loop's event."""
+    from dcjax.eval.methods import LayerFlops, Runner
+
+    w = jax.random.normal(jax.random.key(0), (384, 384), jnp.float32) / 20
+
+    @jax.jit
+    def step(state, frame):
+        trips = (frame[0, 0, 0] < 255).astype(jnp.int32) * 12  # a dynamic trip count
+        with jax.named_scope("Net/heavy/conv"):
+            y = jax.lax.fori_loop(0, trips, lambda i, y: jnp.tanh(y @ w), state)
+        with jax.named_scope("Net/light/conv"):
+            out = jnp.sum(y) + jnp.mean(frame.astype(jnp.float32))
+        return out, y, {}
+
+    runner = Runner(
+        method="loop", init=lambda: jnp.ones((384, 384), jnp.float32), step=step,
+        layers=(LayerFlops(name="Net/heavy/conv", flops=1), LayerFlops(name="Net/light/conv", flops=1)),
+        config={},
+    )  # fmt: skip
+    frames = np.zeros((6, 8, 8, 3), np.uint8)
+    prof = P.profile(runner, frames, warmup=2)
+    heavy, light = prof.groups["Net/heavy/conv"], prof.groups.get("Net/light/conv", 0.0)
+    # twelve 384x384 products take most of the frame; the loop's own bookkeeping is not them
+    assert heavy > 0.5 * prof.wall_ms and heavy > 10 * light
+    assert prof.ops["Net/heavy/conv"] >= 12  # each product counted, inside the loop
 
 
 def test_profile_needs_timed_frames_and_a_jitted_step(lopsided):

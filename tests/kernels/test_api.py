@@ -140,7 +140,8 @@ def test_auto_runs_small_layers_dense_on_cpu() -> None:
     assert auto.choose(small, "gpu")[0] == "pallas_gpu"
     depthwise = plan((1, 56, 56, 64), (3, 3, 1, 64), strides=(1, 1), padding="SAME", groups=64)
     grouped = plan((1, 27, 27, 96), (5, 5, 48, 256), strides=(1, 1), padding="SAME", groups=2)
-    assert auto.choose(grouped, "cpu")[0] == "xla"  # rows computes ungrouped layers only
+    assert auto.choose(grouped, "cpu")[0] == "rows"  # AlexNet's conv2: 2 groups of 48 channels
+    assert auto.choose(depthwise, "cpu", scattered=True)[0] != "rows"  # rows too short to gather
     assert auto.dense_flops(depthwise) < auto.SMALL_LAYER_FLOPS
     # few FLOPs on a large map (EfficientNet-Lite0's first expansion): cached, but
     # a depthwise layer on the same map stays dense

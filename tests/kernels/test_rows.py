@@ -11,10 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dcjax.kernels import masked_conv, plan, reference_masked_conv
+from dcjax.kernels import Epilogue, masked_conv, plan, reference_masked_conv
+from dcjax.kernels.reference import conv
 from dcjax.kernels.rows import (
     DENSE_FRACTION,
     TAP_ROWS_MIN_CIN,
+    computes_groups,
     row_plan,
     row_schedule,
     rows_masked_conv,
@@ -176,6 +178,55 @@ def test_batch_pools_pixels_of_all_images() -> None:
     ref = np.asarray(reference_masked_conv(x, w, mask, cached, **kw))
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(out[mask], cached[mask])
+
+
+@pytest.mark.parametrize(
+    ("groups", "cg", "k", "stride", "n_dirty"),
+    [
+        (2, 16, 5, 1, 40),  # AlexNet's conv2 in small: 5x5, two groups
+        (3, 16, 3, 2, 7),
+        (2, 24, 1, 1, 60),
+        (4, 16, 3, 1, 250),  # the dense path
+    ],
+)
+def test_grouped_layers_match_the_oracle(groups, cg, k, stride, n_dirty) -> None:
+    """A few groups of at least TAP_ROWS_MIN_CIN channels: each group's patches
+    times its own weights, side by side; fresh where dirty, the cache bit for
+    bit elsewhere, over two images, with an epilogue."""
+    assert computes_groups(groups * cg, groups) and cg >= TAP_ROWS_MIN_CIN
+    rng = np.random.default_rng(groups + 10 * k + n_dirty)
+    cin, cout = groups * cg, 6 * groups
+    x = rng.normal(size=(2, 13, 14, cin)).astype(np.float32)
+    w = rng.normal(size=(k, k, cg, cout)).astype(np.float32)
+    kw = dict(strides=(stride, stride), padding="SAME", groups=groups)
+    ref = np.asarray(conv(x, w, **kw))
+    cached = rng.normal(size=ref.shape).astype(np.float32) + 100.0
+    mask = np.ones(ref.shape[:3], bool)
+    mask.reshape(-1)[rng.permutation(mask.size)[:n_dirty]] = False
+    dense_path = n_dirty > int(np.floor(DENSE_FRACTION["spatial"] * mask.size))
+    bias = rng.normal(size=(cout,)).astype(np.float32)
+
+    def relu_bias(y, b):
+        return jnp.maximum(y + b, 0.0)
+
+    out = np.asarray(
+        jax.jit(lambda x, m, c: rows_masked_conv(
+            x, w, m, c, epilogue=Epilogue(relu_bias, (bias,)), chunk=8, **kw
+        ))(x, mask, cached)
+    )  # fmt: skip
+    fresh = np.maximum(ref + bias, 0.0)
+    if dense_path:
+        np.testing.assert_allclose(out, fresh, rtol=1e-4, atol=1e-3)
+    else:
+        np.testing.assert_allclose(out[~mask], fresh[~mask], rtol=1e-4, atol=1e-3)
+        np.testing.assert_array_equal(out[mask], cached[mask])
+    # the groups are not mixed: group g's outputs do not depend on group h's inputs
+    x2 = x.copy()
+    x2[..., :cg] += 1.0
+    out2 = np.asarray(masked_conv(x2, w, np.zeros_like(mask), cached, impl="rows", **kw))
+    np.testing.assert_allclose(out2[..., cout // groups :], ref[..., cout // groups :],
+                               rtol=1e-4, atol=1e-3)  # fmt: skip
+    assert not np.allclose(out2[..., : cout // groups], ref[..., : cout // groups], atol=1e-3)
 
 
 def test_grouped_layers_are_refused_and_dispatched_to_tiles() -> None:
