@@ -167,8 +167,8 @@ class Config:
             backend and layer), ``"xla"`` (tile gather, batched convolution,
             scatter), ``"rows"`` (dirty pixels as matrix rows, one matmul;
             depthwise and many-group layers use ``"xla"``), ``"pallas"``
-            (interpreted on CPU), ``"dense"`` (compute everything, no select) or ``"reference"`` (dense then select: the
-            oracle).
+            (interpreted on CPU), ``"dense"`` (compute everything, no select)
+            or ``"reference"`` (dense then select: the oracle).
         matcher: ``"diamond"`` (the default: diamond search, DeepCache Section 4),
             ``"static"`` (same-position blocks),
             ``"three_step"``, ``"exhaustive"``, ``"histogram"`` (DeepMon), or
