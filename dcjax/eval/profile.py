@@ -63,10 +63,10 @@ __all__ = [
     "OUTSIDE",
     "TABLE_NOTE",
     "Profile",
+    "executed_ops",
     "group_of",
     "profile",
     "table_rows",
-    "executed_ops",
     "top_level_ops",
 ]
 
