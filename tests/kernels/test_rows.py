@@ -229,6 +229,32 @@ def test_grouped_layers_match_the_oracle(groups, cg, k, stride, n_dirty) -> None
     assert not np.allclose(out2[..., : cout // groups], ref[..., : cout // groups], atol=1e-3)
 
 
+def test_grouped_layers_pool_vmapped_streams() -> None:
+    """Two streams of a two-group layer under vmap: one pooled schedule, each
+    stream's result as when run alone."""
+    rng = np.random.default_rng(7)
+    xs = rng.normal(size=(2, 1, 9, 9, 32)).astype(np.float32)
+    w = rng.normal(size=(3, 3, 16, 8)).astype(np.float32)
+    caches = rng.normal(size=(2, 1, 9, 9, 8)).astype(np.float32) + 100.0
+    masks = np.ones((2, 1, 9, 9), bool)
+    masks[0, 0, 2:5, 3:7] = False
+    masks[1, 0, 8, 0] = False
+    kw = dict(strides=(1, 1), padding="SAME", groups=2)
+
+    def f(x, m, c):
+        return masked_conv(x, w, m, c, impl="rows", **kw)
+
+    out = np.asarray(jax.jit(jax.vmap(f))(xs, masks, caches))
+    for i in range(2):
+        alone = np.asarray(f(xs[i], masks[i], caches[i]))
+        np.testing.assert_allclose(out[i], alone, rtol=1e-5, atol=1e-5)
+        ref = np.asarray(conv(xs[i], w, **kw))
+        np.testing.assert_allclose(out[i][~masks[i]], ref[~masks[i]], rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(out[i][masks[i]], caches[i][masks[i]])
+    eqns = list(all_eqns(jax.make_jaxpr(jax.vmap(f))(xs, masks, caches).jaxpr))
+    assert not [e for e in eqns if e.primitive.name == "cond"]
+
+
 def test_grouped_layers_are_refused_and_dispatched_to_tiles() -> None:
     rng = np.random.default_rng(4)
     x = rng.normal(size=(1, 10, 10, 4)).astype(np.float32)
