@@ -159,3 +159,6 @@ def test_table_rows_align_groups_across_profiles():
     assert [(r["deepcache"], r["nocache"]) for r in rows] == [
         ("1.00", "0.50"), ("0.25", "-"), ("-", "2.00"), ("1.25", "2.50"), ("1.50", "2.00"),
     ]  # fmt: skip
+    counted = {**a, "ops": {"Net/conv1": 12.0, "dcjax.match": 30.5}}
+    rows = P.table_rows([("deepcache", counted), ("nocache", b)])
+    assert rows[-1] == {"group": "operations a frame", "deepcache": "42", "nocache": "-"}
