@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcjax._compact import compact
+from dcjax._compact import BLOCK, SQUARE_MAX, compact
 
 
 def _expected(flags: np.ndarray, capacity: int) -> np.ndarray:
@@ -35,12 +35,24 @@ def test_compact_lists_the_true_entries_in_order_then_distinct_out_of_range_slot
     np.testing.assert_array_equal(got, _expected(flags, capacity))
 
 
-@pytest.mark.parametrize("size", [1, 2, 196, 3137, 12544])
+@pytest.mark.parametrize("size", [1, 2, 196, 1024, 1025, 3137, 12544, 32 * 1024 + 33, 50176])
 def test_compact_matches_nonzero_at_kernel_sizes_all_true_and_all_false(size):
     """Every flag set (the largest prefix sums) and none set, where float rounding would show."""
     for flags in (np.ones(size, bool), np.zeros(size, bool)):
         got = np.asarray(compact(jnp.asarray(flags), size))
         np.testing.assert_array_equal(got, _expected(flags, size))
+
+
+@pytest.mark.parametrize("size", [SQUARE_MAX, SQUARE_MAX + 1, BLOCK * SQUARE_MAX + 1, 50176])
+def test_compact_across_the_layouts_of_the_prefix_sum(size):
+    """One square layout up to SQUARE_MAX, blocks of BLOCK above it, blocks of
+    blocks above BLOCK * SQUARE_MAX: scattered flags and runs crossing block edges."""
+    rng = np.random.default_rng(size)
+    flags = rng.random(size) < 0.3
+    flags[BLOCK - 3 : 3 * BLOCK + 5] = True  # a run across block boundaries
+    for capacity in (size, int(flags.sum()) // 2):
+        got = np.asarray(jax.jit(compact, static_argnums=1)(jnp.asarray(flags), capacity))
+        np.testing.assert_array_equal(got, _expected(flags, capacity))
 
 
 def test_compact_of_an_empty_array_is_all_fill():

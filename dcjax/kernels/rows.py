@@ -10,9 +10,10 @@ number of such *dirty* pixels, pooled over the batch, decides (`row_schedule`):
   below as well);
 - otherwise every reusable pixel is ``cached`` bit for bit and only the dirty
   pixels are computed: their flat indices are listed (`dcjax._compact.compact`,
-  of a static size) and computed in steps of static sizes ``chunk * 2**j``
-  (`RowPlan.sizes`), largest first, each a loop of zero or one trip that runs
-  when bit j of ``ceil(n_dirty / chunk)`` is set: any count is covered with
+  of a static size, once a frame inside the sparse path's loop) and computed
+  in steps of static sizes ``chunk * 2**j`` (`RowPlan.sizes`), largest first,
+  each a loop of zero or one trip that runs when bit j of
+  ``ceil(n_dirty / chunk)`` is set: any count is covered with
   less than one ``chunk`` of padding rows, in at most ``log2`` steps. Each
   step gathers the receptive fields of its output pixels from the padded input
   as rows of a ``(size, kh * kw * Cin)`` matrix (im2col restricted to those
@@ -263,7 +264,6 @@ def _rows_unbatched(x, w, reuse_mask, cached, epi_ops, rp: RowPlan, fn=None) -> 
     out_dtype = jnp.result_type(x.dtype, w.dtype)
     dirty = ~reuse_mask.reshape(-1)
     use_dense, units = row_schedule(dirty.sum(), rp)
-    idx = compact(dirty, rp.capacity)
     hw = p.ho * p.wo
 
     def step(out, start, size, xp, wm, idx, epi_ops):
@@ -276,16 +276,16 @@ def _rows_unbatched(x, w, reuse_mask, cached, epi_ops, rp: RowPlan, fn=None) -> 
         vals = apply_epilogue(fn, vals, ops, tuple(q[bc, oy, ox] for q in pix))
         return _scatter_rows(out, jnp.stack([b, oy, ox], axis=1), vals)
 
-    def prepare(x, w, idx, epi_ops):  # once a frame: padding, the weight matrices
+    def prepare(x, w, dirty, epi_ops):  # once a frame: the dirty list, padding, weights
         xps = _group_inputs(_tiles.pad_input(x, p), p)
-        return xps, _group_weights(w, p, out_dtype), idx, epi_ops
+        return xps, _group_weights(w, p, out_dtype), compact(dirty, rp.capacity), epi_ops
 
-    def dense(x, w, idx, epi_ops):
+    def dense(x, w, dirty, epi_ops):
         return apply_epilogue(fn, dense_conv(x, w, p), *epi_ops)
 
     return sparse_or_dense(
         cached.astype(out_dtype), units, rp.sizes, step, use_dense, dense,
-        (x, w, idx, epi_ops), prepare,
+        (x, w, dirty, epi_ops), prepare,
     )  # fmt: skip
 
 

@@ -43,6 +43,18 @@ def all_eqns(jaxpr):
             yield from all_eqns(sub)
 
 
+def eqns_outside_loops(jaxpr):
+    """The equations of ``jaxpr`` and of its nested calls that run on every call:
+    those inside loops (and branches) left out."""
+    import jax.extend as jex
+
+    for eqn in jaxpr.eqns:
+        yield eqn
+        if eqn.primitive.name not in ("while", "cond"):
+            for sub in jex.core.jaxprs_in_params(eqn.params):
+                yield from eqns_outside_loops(sub)
+
+
 def dense(case: Case) -> np.ndarray:
     """The oracle: `lax.conv_general_dilated`."""
     return np.asarray(reference.conv(case.x, case.w, **case.kwargs))

@@ -21,7 +21,7 @@ from dcjax.kernels.rows import (
     row_schedule,
     rows_masked_conv,
 )
-from tests.kernels._strategies import Case, all_eqns, cases, dense
+from tests.kernels._strategies import Case, all_eqns, cases, dense, eqns_outside_loops
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -291,3 +291,25 @@ def test_plan_rejects_bad_parameters() -> None:
         row_plan(p, chunk=0)
     with pytest.raises(ValueError, match="dense_fraction"):
         row_plan(p, dense_fraction=1.5)
+
+
+def test_the_dirty_list_is_built_inside_the_sparse_path() -> None:
+    """The list of dirty pixels (`compact`) is made in the loop around the steps, so a
+    frame with nothing dirty, or one that takes the dense path, does not build it:
+    no equation outside the loops yields an integer array of the plan's capacity."""
+    x = np.ones((1, 16, 16, 8), np.float32)
+    w = np.ones((1, 1, 8, 4), np.float32)
+    rp = row_plan(plan(x.shape, w.shape, strides=(1, 1), padding="SAME"))
+
+    def f(x, m, c):
+        return rows_masked_conv(x, w, m, c, strides=(1, 1), padding="SAME")
+
+    mask = np.ones((1, 16, 16), bool)
+    jaxpr = jax.make_jaxpr(f)(x, mask, np.zeros((1, 16, 16, 4), np.float32)).jaxpr
+    top = [v for e in eqns_outside_loops(jaxpr) for v in e.outvars]
+    assert not [v for v in top if jnp.issubdtype(v.aval.dtype, jnp.integer)
+                and v.aval.shape[:1] == (rp.capacity,)]  # fmt: skip
+    inner = [e for e in all_eqns(jaxpr) if e.primitive.name == "scatter"]
+    assert [e for e in inner if e.outvars[0].aval.shape == (rp.capacity,)]  # compact's scatter
+    cached = np.full((1, 16, 16, 4), 3.0, np.float32)
+    np.testing.assert_array_equal(np.asarray(jax.jit(f)(x, mask, cached)), cached)

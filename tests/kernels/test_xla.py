@@ -9,7 +9,15 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
 from dcjax.kernels import masked_conv, plan, reference_masked_conv, tiles, work_fraction
-from tests.kernels._strategies import Case, all_eqns, cases, computed_np, dense, dirty_tiles_np
+from tests.kernels._strategies import (
+    Case,
+    all_eqns,
+    cases,
+    computed_np,
+    dense,
+    dirty_tiles_np,
+    eqns_outside_loops,
+)
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -296,3 +304,26 @@ def test_rgb_layers_with_17_to_32_outputs_get_a_zero_fourth_channel(cin, cout, p
         assert {e.invars[0].aval.shape[-1] for e in convs} == {channels}, name
         out = np.asarray(jax.jit(fn)(x, w))
         np.testing.assert_allclose(out[fresh], want[fresh], rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_the_dirty_tile_list_is_built_inside_the_sparse_path() -> None:
+    """The list of dirty tiles is made in the loop around the steps, so a frame with
+    nothing dirty, or one that takes the dense path, does not build it: no equation
+    outside the loops yields an integer array of the plan's capacity."""
+    x = np.ones((1, 16, 16, 3), np.float32)
+    w = np.ones((3, 3, 3, 4), np.float32)
+    kw = dict(strides=(1, 1), padding="SAME")
+    p = plan(x.shape, w.shape, **kw)
+
+    def f(x, m, c):
+        return masked_conv(x, w, m, c, impl="xla", **kw)
+
+    mask = np.ones((1, 16, 16), bool)
+    jaxpr = jax.make_jaxpr(f)(x, mask, np.zeros((1, 16, 16, 4), np.float32)).jaxpr
+    top = [v for e in eqns_outside_loops(jaxpr) for v in e.outvars]
+    assert not [v for v in top if jnp.issubdtype(v.aval.dtype, jnp.integer)
+                and v.aval.shape[:1] == (p.capacity,)]  # fmt: skip
+    assert [e for e in all_eqns(jaxpr) if e.primitive.name == "scatter"
+            and e.outvars[0].aval.shape == (p.capacity,)]  # fmt: skip
+    cached = np.full((1, 16, 16, 4), 3.0, np.float32)
+    np.testing.assert_array_equal(np.asarray(jax.jit(f)(x, mask, cached)), cached)
