@@ -33,26 +33,35 @@ class Case:
         )
 
 
-def all_eqns(jaxpr):
-    """Every equation of ``jaxpr``, nested jaxprs (loop bodies, branches) included."""
+def all_eqns(jaxpr, into_loops: bool = True):
+    """Every equation of ``jaxpr``, nested jaxprs included; with ``into_loops=False``
+    those inside loops and branches are left out (what runs on every call)."""
     import jax.extend as jex
 
     for eqn in jaxpr.eqns:
         yield eqn
-        for sub in jex.core.jaxprs_in_params(eqn.params):
-            yield from all_eqns(sub)
-
-
-def eqns_outside_loops(jaxpr):
-    """The equations of ``jaxpr`` and of its nested calls that run on every call:
-    those inside loops (and branches) left out."""
-    import jax.extend as jex
-
-    for eqn in jaxpr.eqns:
-        yield eqn
-        if eqn.primitive.name not in ("while", "cond"):
+        if into_loops or eqn.primitive.name not in ("while", "cond"):
             for sub in jex.core.jaxprs_in_params(eqn.params):
-                yield from eqns_outside_loops(sub)
+                yield from all_eqns(sub, into_loops)
+
+
+def check_list_built_in_loops(f, x: np.ndarray, cout: int, capacity: int) -> None:
+    """A sparse kernel ``f(x, mask, cached)`` builds its dirty list (an integer array
+    of ``capacity`` slots, made by `compact`'s scatter) only inside its loops, and
+    with nothing dirty returns the cache."""
+    import jax
+    import jax.numpy as jnp
+
+    n, h, w_, _ = x.shape
+    mask = np.ones((n, h, w_), bool)
+    jaxpr = jax.make_jaxpr(f)(x, mask, np.zeros((n, h, w_, cout), np.float32)).jaxpr
+    top = [v for e in all_eqns(jaxpr, into_loops=False) for v in e.outvars]
+    assert not [v for v in top if jnp.issubdtype(v.aval.dtype, jnp.integer)
+                and v.aval.shape[:1] == (capacity,)]  # fmt: skip
+    assert [e for e in all_eqns(jaxpr) if e.primitive.name == "scatter"
+            and e.outvars[0].aval.shape == (capacity,)]  # fmt: skip
+    cached = np.full((n, h, w_, cout), 3.0, np.float32)
+    np.testing.assert_array_equal(np.asarray(jax.jit(f)(x, mask, cached)), cached)
 
 
 def dense(case: Case) -> np.ndarray:
