@@ -198,27 +198,28 @@ def _per_group(x: jax.Array, ws: tuple, p: _tiles.TilePlan) -> jax.Array:
 def dot_pays(p: _tiles.TilePlan) -> bool:
     """Whether XLA:CPU runs ungrouped convolution ``p`` faster as `conv_as_dot`.
 
-    XLA:CPU's convolution emitter is slow where the weight matrix is large
-    against the map: 1x1 convolutions (plain matrix products) and
-    convolutions on maps of 8x8 pixels or fewer with many input channels.
-    Measured on the 2-core development CPU (jaxlib 0.10.2, convolution against
-    `conv_as_dot`, medians of 25 calls, every ungrouped convolution of the
-    zoo): ResNet-50's 1x1 layers 1.04-2.25x faster as a product (7x7x512 to
-    2048: 0.64 -> 0.28 ms), its 3x3 layers on 7x7 maps 1.9-2.2x, YOLO-tiny's
-    last two 3x3 layers 1.8-2.0x, EfficientNet-Lite0's 1x1 layers on 7x7 maps
-    1.25-2.1x; 1x1 layers whose ``Cin * Cout`` is under 2**15 (EfficientNet's
-    narrow projections, 0.8-1.05x), kernels larger than 1x1 on maps of 14x14 or
-    more (0.5-1.5x, mostly slower: im2col copies each input pixel ``kh * kw``
-    times) and on few input channels (GoogLeNet's 5x5 on 32 channels, 0.67x)
-    stay convolutions. End to end (the no-cache step over vtest, interleaved
-    A/B in one process): ResNet-50 38.4 -> 28.3 ms a frame, YOLO-tiny 18.6 ->
-    16.5, EfficientNet-Lite0 7.55 -> 6.87, GoogLeNet 12.7 -> 12.1; AlexNet and
-    PilotNet unchanged.
+    XLA:CPU's convolution (jaxlib 0.10.2, YNNPACK) is slow where the weight
+    matrix is large against the map: 1x1 convolutions (plain matrix products,
+    which it runs on one thread where the product uses two) and convolutions
+    on maps of 8x8 pixels or fewer with many input channels. Every ungrouped
+    1x1 convolution goes through the product: on the 2-core AMD EPYC (Zen 4)
+    development machine the no-cache step over vtest, interleaved A/B in one
+    process (25-40 frames), went from 10.2-10.3 to 8.6-8.9 ms a frame on
+    EfficientNet-Lite0 (the narrow projections and expansions, ``Cin * Cout``
+    from 512 to 2**14, that an earlier rule left to the convolution),
+    58.7 -> 54.2 on ResNet-50 and 24.0 -> 23.3 on GoogLeNet; each layer alone,
+    medians of 100 calls, 1.1-2.0x faster on two cores (112x112, 16 -> 96:
+    0.47 -> 0.26 ms; 56x56, 256 -> 64: 1.12 -> 0.54) and 1.07-1.25x on one.
+    Earlier per-layer measurements: ResNet-50's 3x3 layers on 7x7 maps
+    1.9-2.2x faster as a product, YOLO-tiny's last two 3x3 layers 1.8-2.0x,
+    while kernels larger than 1x1 on maps of 14x14 or more (0.5-1.5x, mostly
+    slower: im2col copies each input pixel ``kh * kw`` times) and on few input
+    channels (GoogLeNet's 5x5 on 32 channels, 0.67x) stay convolutions.
     """
     if p.groups != 1:
         return False
     if p.kh * p.kw == 1:
-        return p.cin * p.cout >= 1 << 15
+        return True
     return p.ho * p.wo <= 64 and p.cin >= 128
 
 

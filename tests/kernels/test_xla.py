@@ -215,7 +215,8 @@ def test_conv_as_dot_equals_the_convolution(case: Case) -> None:
     "hw, cin, cout, k, as_dot",
     [
         (7, 512, 2048, 1, True),  # ResNet-50's 1x1 layers: a plain matrix product
-        (56, 64, 256, 1, False),  # 1x1 with Cin * Cout = 2**14: narrow, stays a convolution
+        (56, 64, 256, 1, True),  # every 1x1 layer, narrow ones too
+        (112, 16, 96, 1, True),
         (56, 256, 128, 1, True),
         (7, 512, 512, 3, True),  # a 3x3 layer on a 7x7 map with many channels
         (14, 256, 256, 3, False),  # 14x14: im2col's copies cost more than they save
