@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -204,7 +204,14 @@ class CachedModel:
             self._refined = tuple(
                 on and keep
                 for on, keep in zip(
-                    refine_lib.refined_layers(self.layers, config.refine, self.dense_layers),
+                    refine_lib.refined_layers(
+                        self.layers,
+                        config.refine,
+                        self.dense_layers,
+                        matched=_reads_frame(self._analysis, len(self.layers))
+                        if config.matcher != "none"
+                        else (),
+                    ),
                     self._keeps_cache,
                     strict=True,
                 )
@@ -844,6 +851,44 @@ def _per_layer(analysis, n_layers: int, value: Callable[[Any, Any, Any], Any]) -
 def _layers_reading_cache(analysis, n_layers: int, impl: str) -> tuple[bool, ...]:
     """Per layer, whether its kernel reads a cache (`kernels.reads_cache`)."""
     return _per_layer(analysis, n_layers, lambda an, eqn, info: kernels.reads_cache(eqn, impl))
+
+
+def _reads_frame(analysis, n_layers: int) -> tuple[bool, ...]:
+    """Per layer, whether its input is computed from the frame with no reused
+    layer in between (the stem, or the first layers of parallel stems).
+
+    Data flow through the jaxpr: a variable is "behind a layer" when a layer's
+    output reaches it; sub-jaxprs (``pjit``, custom derivatives) pass it from
+    their operands to their parameters and back from their results.
+    """
+    out = [False] * n_layers
+
+    def walk(an, behind_in: Sequence[bool]) -> list[bool]:
+        jaxpr = an.jaxpr.jaxpr
+        behind = {v for v, b in zip(jaxpr.invars, behind_in, strict=True) if b}
+
+        def is_behind(v) -> bool:
+            return isinstance(v, jcore.Var) and v in behind
+
+        for eqn, info in zip(jaxpr.eqns, an.eqns):
+            ins = [is_behind(v) for v in eqn.invars]
+            if info.sub is not None:
+                sub_in = info.sub.jaxpr.jaxpr.invars
+                if len(sub_in) == len(ins):
+                    outs = walk(info.sub, ins)
+                else:  # operands we cannot pair up: everything inside counts as behind
+                    outs = walk(info.sub, [True] * len(sub_in))
+                    outs = [o or any(ins) for o in outs]
+            elif info.layer is not None:
+                out[info.layer] = not ins[0]
+                outs = [True] * len(eqn.outvars)
+            else:
+                outs = [any(ins)] * len(eqn.outvars)
+            behind.update(v for v, b in zip(eqn.outvars, outs, strict=False) if b)
+        return [is_behind(v) for v in jaxpr.outvars]
+
+    walk(analysis, [False] * len(analysis.jaxpr.jaxpr.invars))
+    return tuple(out)
 
 
 def _shared_inputs(analysis, n_layers: int, refined: tuple[bool, ...] | None) -> tuple[int, ...]:

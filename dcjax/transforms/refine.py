@@ -53,7 +53,18 @@ work it can save: the test reads each input element about three times (a
 subtraction, an absolute value, a max), the convolution spends
 ``kh * kw * (C_out / groups) / (sy * sx)`` multiply-adds per input element; a
 layer is refined when that is at least 16 (depthwise 3x3 convolutions are not,
-1x1 and dense 3x3 convolutions are).
+1x1 and dense 3x3 convolutions are). Nor does ``"auto"`` refine a convolution
+that reads the frame itself (through elementwise preprocessing or pooling, with
+no reused layer in between: the stem) when a block matcher runs: the
+matcher's PSNR test already decides reuse on that input, and a pixel test
+behind it added error without adding reuse. Measured over vtest (30-40
+frames, interleaved with the stem refined and not): ideal speedups 3.06x /
+3.05x on ResNet-50, 2.20x / 2.19x on AlexNet, 1.44x / 1.44x on
+EfficientNet-Lite0, relative output MSE 3.0e-5 / 2.9e-5, 4.1e-4 / 3.2e-4 and
+1.06e-2 / 4.9e-3, times within noise (AlexNet 13.3 / 12.9 ms, ResNet-50
+31.8 / 32.4, EfficientNet-Lite0 10.25 / 10.14). With ``matcher="none"``
+(the ``delta`` baseline) the stem's test is the only reuse at the input, and
+it is refined.
 
 Fully connected layers (`signatures.DenseLayer`: ``y = x @ W`` on a
 flattened or pooled map, ``W`` of shape ``(K, N)``) get the same test per
@@ -133,20 +144,27 @@ DENSE_FRACTION = 0.75
 
 
 def refined_layers(
-    layers: Sequence[Layer], config: RefineConfig, dense_layers: Sequence[DenseLayer] = ()
+    layers: Sequence[Layer],
+    config: RefineConfig,
+    dense_layers: Sequence[DenseLayer] = (),
+    matched: Sequence[bool] = (),
 ) -> tuple[bool, ...]:
     """Which convolutions get the change test under ``config.layers``.
 
     ``dense_layers`` are the model's fully connected layers: names in
-    ``config.layers`` may name them too (`refined_dense`).
+    ``config.layers`` may name them too (`refined_dense`). ``matched`` flags
+    the layers whose input the block matcher already tests (they read the
+    frame, with no reused layer in between); ``"auto"`` leaves them out.
     """
     if config.layers == "all":
         return tuple(True for _ in layers)
     if config.layers == "auto":
+        flags = tuple(matched) or (False,) * len(layers)
         return tuple(
-            layer.kernel[0] * layer.kernel[1] * layer.out_channels / layer.groups
+            not on_frame
+            and layer.kernel[0] * layer.kernel[1] * layer.out_channels / layer.groups
             >= AUTO_MIN_MACS_PER_INPUT * layer.strides[0] * layer.strides[1]
-            for layer in layers
+            for layer, on_frame in zip(layers, flags, strict=True)
         )
     names = set(config.layers)
     known = [layer.name for layer in layers] + [d.name for d in dense_layers]

@@ -238,6 +238,46 @@ def test_auto_layers_skip_cheap_depthwise_convolutions():
         refine_lib.refined_layers(layers, RefineConfig(layers=("nope",)))
 
 
+def _frame_then_behind(p, x):
+    """Two convolutions on the (pooled) frame, one inside a jitted call, then one behind them."""
+    a = _conv(x, p["a"])
+    pooled = lax.reduce_window(x, -jnp.inf, lax.max, (1, 1, 1, 1), (1, 1, 1, 1), "SAME")
+    b = jax.jit(_conv)(pooled, p["b"])
+    return (_conv(jax.nn.relu(a + b), p["c"]),)
+
+
+FRAME_PARAMS = {
+    "a": jax.random.normal(jax.random.key(2), (3, 3, 3, 16)) * 0.3,
+    "b": jax.random.normal(jax.random.key(3), (3, 3, 3, 16)) * 0.3,
+    "c": jax.random.normal(jax.random.key(4), (3, 3, 16, 16)) * 0.1,
+}
+
+
+def test_auto_leaves_the_layers_on_the_frame_to_the_matcher():
+    """Under "auto" a convolution reading the frame (directly, through pooling or a
+    jitted call) gets no change test when a block matcher runs; the layer behind it
+    does. Without a matcher (the `delta` baseline) the frame's layers are tested, and
+    naming a layer refines it whatever it reads."""
+    from dcjax.deepcache import _reads_frame
+
+    cached = _transform(RefineConfig(), FRAME_PARAMS, model=_frame_then_behind)
+    assert _reads_frame(cached._analysis, len(cached.layers)) == (True, True, False)
+    assert cached._refined == (False, False, True)
+    state = cached.init()
+    assert state.refs[0] is None and state.refs[1] is None and state.refs[2] is not None
+    frames = _photo_stream(4, 0.002, 0.005)
+    for f in frames:
+        _, state, _ = cached.step(state, f)
+    assert float(state.ref_scale[2]) > 0.0
+
+    none = _transform(RefineConfig(), FRAME_PARAMS, model=_frame_then_behind, matcher="none")
+    assert none._refined == (True, True, True)
+    named = _transform(
+        RefineConfig(layers=(cached.layers[0].name,)), FRAME_PARAMS, model=_frame_then_behind
+    )
+    assert named._refined == (True, False, False)
+
+
 @pytest.mark.parametrize("kernel", ["dense", "auto"])
 def test_layers_computed_densely_are_not_refined(kernel):
     """No cache, nothing to reuse: such layers keep no reference and pay no test."""
