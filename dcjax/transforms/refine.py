@@ -58,11 +58,12 @@ that reads the frame itself (through elementwise preprocessing or pooling, with
 no reused layer in between: the stem) when a block matcher runs: the
 matcher's PSNR test already decides reuse on that input, and a pixel test
 behind it added error without adding reuse. Measured over vtest (30-40
-frames, interleaved with the stem refined and not): ideal speedups 3.06x /
+frames, interleaved, with the stem refined / not): ideal speedups 3.06x /
 3.05x on ResNet-50, 2.20x / 2.19x on AlexNet, 1.44x / 1.44x on
-EfficientNet-Lite0, relative output MSE 3.0e-5 / 2.9e-5, 4.1e-4 / 3.2e-4 and
-1.06e-2 / 4.9e-3, times within noise (AlexNet 13.3 / 12.9 ms, ResNet-50
-31.8 / 32.4, EfficientNet-Lite0 10.25 / 10.14). With ``matcher="none"``
+EfficientNet-Lite0, 3.04x / 3.03x on YOLO-tiny; relative output MSE 3.0e-5 /
+2.9e-5, 4.1e-4 / 3.2e-4, 1.06e-2 / 4.9e-3 and 3.8e-4 / 2.5e-4; times within
+noise or better (AlexNet 13.3 / 12.9 ms, ResNet-50 31.8 / 32.4,
+EfficientNet-Lite0 10.25 / 10.14, YOLO-tiny 25.9 / 24.8). With ``matcher="none"``
 (the ``delta`` baseline) the stem's test is the only reuse at the input, and
 it is refined.
 
