@@ -102,6 +102,26 @@ def expand_blocks(blocks: jax.Array, shape: tuple[int, int], block_size: int) ->
     return full[: shape[0], : shape[1]]
 
 
+def expand_flags(flags: jax.Array, shape: tuple[int, int], block_size: int) -> jax.Array:
+    """`expand_blocks` of a boolean (nby, nbx) grid, as two products with 0/1
+    expansion matrices, ``E_rows @ flags @ E_cols`` (exact for 0/1 entries).
+
+    Where the flags are computed in the same program, XLA:CPU fuses their whole
+    derivation (block sums of squared differences, the PSNR's logarithm) into
+    the per-pixel loop of `expand_blocks` and recomputes it for every pixel; a
+    product reads its operand once. `static_match` on the 2-core development
+    machine (jitted, medians of 300 interleaved calls): 0.96 -> 0.28 ms at
+    224x224, 1.89 -> 0.61 ms at 448x448, 0.29 -> 0.11 ms at 66x200. The
+    diamond matcher keeps `expand_blocks`: its flags come from costs a
+    conditional has materialised, and the products made it 2-4 % slower.
+    """
+    h, w = shape
+    nby, nbx = flags.shape
+    rows = (np.arange(h)[:, None] // block_size == np.arange(nby)[None]).astype(np.float32)
+    cols = (np.arange(nbx)[:, None] == np.arange(w)[None] // block_size).astype(np.float32)
+    return (rows @ flags.astype(jnp.float32) @ cols) > 0.5
+
+
 def static_match(
     prev: jax.Array,
     cur: jax.Array,
@@ -140,7 +160,7 @@ def static_match(
     nby, nbx = matched.shape
     return Match(
         motion=jnp.zeros((2,), jnp.int32),
-        mask=expand_blocks(matched, cur.shape[:2], block_size),
+        mask=expand_flags(matched, cur.shape[:2], block_size),
         block_vectors=jnp.zeros((nby, nbx, 2), jnp.int32),
         block_psnr=psnr.astype(jnp.float32),
         match_ratio=matched.mean(dtype=jnp.float32),

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import jax.numpy as jnp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from skimage import data
 
 from dcjax.matching import static_match
+from dcjax.matching.static import expand_blocks, expand_flags
 
 
 def _reference(prev, cur, block, threshold, peak):
@@ -77,3 +81,27 @@ def test_bad_arguments():
         static_match(f, f, block_size=0)
     with pytest.raises(ValueError, match="color"):
         static_match(f, f, color="hsv")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    nby=st.integers(1, 6),
+    nbx=st.integers(1, 6),
+    block=st.integers(1, 9),
+    cut=st.tuples(st.integers(0, 8), st.integers(0, 8)),
+    seed=st.integers(0, 2**16),
+)
+def test_block_expansions_equal_the_kronecker_expansion(nby, nbx, block, cut, seed):
+    """Flags through 0/1 products (`expand_flags`) and any values through repeats
+    (`expand_blocks`): both are the block grid blown up to pixels, cut to frames
+    whose last blocks are partial."""
+    rng = np.random.default_rng(seed)
+    h, w = max(1, nby * block - min(cut[0], block - 1)), max(1, nbx * block - min(cut[1], block - 1))
+    flags = rng.random((nby, nbx)) < 0.5
+    values = rng.normal(size=(nby, nbx)).astype(np.float32)
+    values[0, 0] = np.inf  # a perfect block's PSNR
+    for expand, grid in ((expand_flags, flags), (expand_blocks, flags), (expand_blocks, values)):
+        want = np.kron(grid, np.ones((block, block), grid.dtype))[:h, :w]
+        got = np.asarray(expand(jnp.asarray(grid), (h, w), block))
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
