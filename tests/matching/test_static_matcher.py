@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
-import jax.numpy as jnp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from skimage import data
@@ -96,7 +96,10 @@ def test_block_expansions_equal_the_kronecker_expansion(nby, nbx, block, cut, se
     (`expand_blocks`): both are the block grid blown up to pixels, cut to frames
     whose last blocks are partial."""
     rng = np.random.default_rng(seed)
-    h, w = max(1, nby * block - min(cut[0], block - 1)), max(1, nbx * block - min(cut[1], block - 1))
+    h, w = (
+        max(1, nby * block - min(cut[0], block - 1)),
+        max(1, nbx * block - min(cut[1], block - 1)),
+    )
     flags = rng.random((nby, nbx)) < 0.5
     values = rng.normal(size=(nby, nbx)).astype(np.float32)
     values[0, 0] = np.inf  # a perfect block's PSNR
