@@ -57,7 +57,6 @@ from dcjax.transforms.interpreter import FrameContext, evaluate
 from dcjax.transforms.signatures import DenseLayer, Layer, Spatial, analyze
 from dcjax.transforms.trace import check_frame_shape, trace_model
 
-
 __all__ = [
     "CacheState",
     "CachedModel",
