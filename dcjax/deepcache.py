@@ -76,7 +76,11 @@ class CacheState:
     Attributes:
         prev_frame: the key the next frame is matched against
             (`Config.key`): the last finite frame, or the pixels the caches
-            were computed from.
+            were computed from. With a motion search (``matcher`` "diamond",
+            "three_step" or "exhaustive") it is kept as the matcher's planes
+            (`dcjax.matching.planes`: (1, H, W) luma, or (C, H, W) with
+            ``color="rgb"``), so each frame is converted once; with the other
+            matchers it is the (H, W, C) frame in float32.
         has_prev: whether ``prev_frame`` and the caches can be reused.
         since_refresh: frames since the last full recompute.
         frame_index: frames stepped so far.
@@ -272,7 +276,7 @@ class CachedModel:
             for layer, keep in zip(self.layers, self._keeps_cache)
         )
         state = CacheState(
-            prev_frame=jnp.zeros(self.frame_shape, jnp.float32),
+            prev_frame=jnp.zeros(self._key_shape, jnp.float32),
             has_prev=jnp.bool_(False),
             since_refresh=jnp.int32(0),
             frame_index=jnp.int32(0),
@@ -491,8 +495,35 @@ class CachedModel:
         outs = jaxpr_as_fun(self._traced.jaxpr)(*leaves, self._prepare(frame)[None])
         return jax.tree_util.tree_unflatten(self._traced.out_tree, outs)
 
-    def _match(self, prev: jax.Array, cur: jax.Array, init_motion: jax.Array) -> Match:
+    @property
+    def _planes_key(self) -> bool:
+        """Whether the key is kept as the matcher's planes (see `CacheState.prev_frame`)."""
+        return self.config.matcher in ("diamond", "three_step", "exhaustive")
+
+    @property
+    def _key_shape(self) -> tuple[int, ...]:
+        h, w, c = self.frame_shape
+        if not self._planes_key:
+            return (h, w, c)
+        return (1 if self.config.color == "luma" else c, h, w)
+
+    def _key_of(self, frame: jax.Array) -> jax.Array:
+        """What of ``frame`` the key keeps: its planes, or the frame in float32."""
+        if self._planes_key:
+            return matching.planes(frame, self.config.color)
+        return frame.astype(jnp.float32)
+
+    def _match(self, prev: jax.Array, cur: jax.Array, key: jax.Array, init_motion) -> Match:
+        """Match frame ``cur`` (whose `_key_of` is ``key``) against the key ``prev``."""
         cfg = self.config
+        if self._planes_key:
+            # The step uses the motion and the mask, not every block's vector.
+            options = {"all_vectors": False, **cfg.matcher_options}
+            return matching.block_match_planes(
+                prev, key, peak=matching.psnr_peak(cur.dtype, cfg.data_range),
+                search=cfg.matcher, init_motion=init_motion, block_size=cfg.block_size,
+                psnr_threshold=cfg.psnr_threshold, color=cfg.color, **options,
+            )  # fmt: skip
         common = dict(
             block_size=cfg.block_size,
             psnr_threshold=cfg.psnr_threshold,
@@ -510,14 +541,11 @@ class CachedModel:
             return matching.static_match(prev, cur, **common, **cfg.matcher_options)
         if cfg.matcher == "histogram":
             return matching.histogram_match(prev, cur, **cfg.matcher_options)
-        # The step uses the motion and the mask, not every block's vector.
-        options = {"all_vectors": False, **cfg.matcher_options}
-        return matching.match(
-            prev, cur, search=cfg.matcher, init_motion=init_motion, **common, **options
-        )  # fmt: skip
+        raise ValueError(f"dcjax: unknown matcher {cfg.matcher!r}")
 
-    def _next_key(self, key, frame, r0, motion):
-        """The frame the next one is matched against (`Config.key`).
+    def _next_key(self, key, new, r0, motion):
+        """The key the next frame is matched against (`Config.key`), from the
+        current ``key`` and the frame's `_key_of` ``new``.
 
         With ``"reference"``, reused pixels keep the key's value shifted by the
         motion (the pixel the caches hold the features of, since ``R0[y, x]``
@@ -526,11 +554,11 @@ class CachedModel:
         with what its features were computed from, so a slow drift is caught
         once it exceeds the threshold instead of accumulating.
         """
-        frame = frame.astype(jnp.float32)
         if self.config.key == "previous":
-            return frame
-        shifted = _shift(key, motion[0], motion[1], (0, 1))
-        return jnp.where(r0[..., None], shifted, frame)
+            return new
+        if self._planes_key:  # (C', H, W)
+            return jnp.where(r0[None], _shift(key, motion[0], motion[1], (1, 2)), new)
+        return jnp.where(r0[..., None], _shift(key, motion[0], motion[1], (0, 1)), new)
 
     def _reuse_layer(self, index, eqn, invals, mask, shifted, epilogue=None):
         """One reused convolution: fresh values where ``mask`` is false."""
@@ -642,7 +670,8 @@ class CachedModel:
             else jnp.bool_(True)
         )
         with jax.named_scope("dcjax.match"):
-            m = self._match(state.prev_frame, frame, state.motion) if match is None else match
+            key = self._key_of(frame)
+            m = self._match(state.prev_frame, frame, key, state.motion) if match is None else match
         ratio = m.match_ratio if m.match_ratio is not None else m.mask.mean(dtype=jnp.float32)
         refresh = ~state.has_prev | (ratio < cfg.min_match) | ~finite
         if cfg.refresh_every is not None:
@@ -713,7 +742,7 @@ class CachedModel:
         flops_ratio = jnp.where(skip, 0.0, computed / float(max(self.total_flops, 1)))
         new_state = CacheState(
             prev_frame=jnp.where(
-                finite, self._next_key(state.prev_frame, frame, r0, motion), state.prev_frame
+                finite, self._next_key(state.prev_frame, key, r0, motion), state.prev_frame
             ),
             has_prev=finite,
             since_refresh=jnp.where(refresh, 1, state.since_refresh + 1).astype(jnp.int32),

@@ -151,9 +151,12 @@ def test_translation_of_real_photo_with_builtin_matcher_zero_motion():
     assert 0.0 < float(info["flops_ratio"]) < 1.0
 
 
-def test_reference_key_keeps_reused_pixels_within_the_threshold_of_their_features():
+@pytest.mark.parametrize("matcher", ["static", "diamond"])
+def test_reference_key_keeps_reused_pixels_within_the_threshold_of_their_features(matcher):
     """A slow brightness drift: each frame passes the PSNR test against the
-    previous one, not against the frame its cached features came from."""
+    previous one, not against the frame its cached features came from. The
+    static matcher keeps the key as a frame, the diamond search as its luma
+    plane."""
     w = jax.random.normal(jax.random.key(0), (3, 3, 3, 4)) * 0.3
 
     def conv(variables, x):
@@ -170,7 +173,7 @@ def test_reference_key_keeps_reused_pixels_within_the_threshold_of_their_feature
     for key in ("reference", "previous"):
         cfg = deepcache.Config(
             key=key,
-            matcher="static",
+            matcher=matcher,
             psnr_threshold=40.0,
             refresh_every=None,
             data_range=1.0,
@@ -189,6 +192,40 @@ def test_reference_key_keeps_reused_pixels_within_the_threshold_of_their_feature
     # "previous": everything reused from frame 0 on, the error grows with the drift
     assert reuse["previous"][1:] == [1.0] * 7
     assert errors["previous"][-1] > 5 * max(errors["reference"])
+
+
+@pytest.mark.parametrize(
+    ("matcher", "color", "shape"),
+    [
+        ("diamond", "luma", (1, SIZE, SIZE)),
+        ("exhaustive", "rgb", (3, SIZE, SIZE)),
+        ("static", "luma", (SIZE, SIZE, 3)),
+        ("histogram", "luma", (SIZE, SIZE, 3)),
+    ],
+)
+def test_the_key_is_kept_as_the_matchers_planes_or_as_the_frame(matcher, color, shape):
+    """With a motion search the state keeps the key as `matching.planes` of the
+    frames (converted once a frame); the other matchers keep the frame."""
+    from dcjax import matching
+
+    module, variables, ref = _model("plain")
+    cfg = deepcache.Config(matcher=matcher, color=color, refresh_every=None)
+    cached = _cached("plain", cfg)
+    state = cached.init()
+    assert state.prev_frame.shape == shape
+    frames = [_photo(SIZE, 3), _photo(SIZE, 3)]
+    frames[1][: SIZE // 2] = (frames[1][: SIZE // 2] + 0.5) % 1.0  # every top pixel by 0.5
+    out, state, _ = cached.step(state, frames[0])  # the first frame: the key is that frame
+    want = matching.planes(frames[0], color) if shape[0] != SIZE else frames[0]
+    np.testing.assert_allclose(np.asarray(state.prev_frame), np.asarray(want), rtol=1e-6)
+    out, state, info = cached.step(state, frames[1])
+    _close(out, ref(frames[1]))
+    if matcher != "histogram":  # blocks that changed take the new frame's values
+        assert 0.0 < float(info["input_reuse"]) < 1.0
+        key = np.asarray(state.prev_frame)
+        new = np.asarray(matching.planes(frames[1], color) if shape[0] != SIZE else frames[1])
+        top = (slice(None), slice(0, SIZE // 2)) if shape[0] != SIZE else (slice(0, SIZE // 2),)
+        np.testing.assert_allclose(key[top], new[top], rtol=1e-6)
 
 
 def test_layers_list_signatures_and_flops():

@@ -8,6 +8,8 @@ vectorised over blocks and vmappable over streams.
 
 - `match`: DeepCache Section 4 with ``search`` in ``"none"`` (same-position
   blocks, `static_match`), ``"diamond"``, ``"three_step"`` or ``"exhaustive"``.
+- `block_match_planes`: the motion searches on frames given as their `planes`
+  (luma or colour planes), for a caller that keeps its key frame as planes.
 - `histogram_match`: DeepMon Section 6.3 (same-position colour histograms).
 - `rectangles`: the merged rectangles of Step 5, on the host.
 """
@@ -21,10 +23,12 @@ from dcjax.matching.block import (
     DEFAULT_SEARCH_RANGE,
     SEARCHES,
     block_match,
+    block_match_planes,
+    planes,
 )
 from dcjax.matching.histogram import histogram_distances, histogram_match
 from dcjax.matching.rectangles import rectangles
-from dcjax.matching.static import static_match
+from dcjax.matching.static import psnr_peak, static_match
 from dcjax.matching.types import Match
 
 __all__ = [
@@ -33,9 +37,12 @@ __all__ = [
     "MATCH_SEARCHES",
     "Match",
     "block_match",
+    "block_match_planes",
     "histogram_distances",
     "histogram_match",
     "match",
+    "planes",
+    "psnr_peak",
     "rectangles",
     "static_match",
 ]

@@ -62,12 +62,12 @@ from jax import lax
 from dcjax._loops import run_if, skipping_pays
 from dcjax.matching import search as _search
 from dcjax.matching.static import (
-    _peak,
     _plane,
     block_counts_np,
     block_sums_unrolled,
     expand_blocks,
     psnr_from_mse,
+    psnr_peak,
 )
 from dcjax.matching.types import Match
 
@@ -133,8 +133,13 @@ def _global_motion(vectors: jax.Array, ok: jax.Array, r: int) -> jax.Array:
     return jnp.where(n > 0, jnp.round(mean), 0).astype(jnp.int32)
 
 
-def _planes(frame: jax.Array, color: str) -> jax.Array:
-    """(H, W, C) frame -> (C', H, W) float32 planes the SSD is computed on."""
+def planes(frame: jax.Array, color: str = "luma") -> jax.Array:
+    """(H, W, C) frame -> (C', H, W) float32 planes the SSD is computed on:
+    the luma plane (``color="luma"``) or the colour channels (``"rgb"``).
+
+    `block_match_planes` takes these: a caller that matches each frame against
+    a key it keeps (`dcjax.deepcache`) keeps the key's planes and converts each
+    frame once instead of converting the key again on every frame."""
     return jnp.moveaxis(_plane(frame, color), -1, 0)
 
 
@@ -170,6 +175,7 @@ def _shift_ssd(
         "color",
         "search_range",
         "all_vectors",
+        "given_planes",
     ),
 )
 def _block_match(
@@ -187,8 +193,9 @@ def _block_match(
     color: str,
     search_range: int,
     all_vectors: bool = True,
+    given_planes: bool = False,
 ) -> Match:
-    h, w = cur.shape[:2]
+    h, w = cur.shape[1:] if given_planes else cur.shape[:2]
     bs, k, r = block_size, k_skip, search_range
     if search == "three_step":
         margin = _search.three_step_steps(r)[0]
@@ -201,7 +208,10 @@ def _block_match(
 
     # Materialise the planes and the padded previous plane once, so that XLA
     # does not recompute the colour conversion inside every gather.
-    cur_pl, prev_pl = lax.optimization_barrier((_planes(cur, color), _planes(prev, color)))
+    if given_planes:
+        cur_pl, prev_pl = cur, prev
+    else:
+        cur_pl, prev_pl = lax.optimization_barrier((planes(cur, color), planes(prev, color)))
     ch = cur_pl.shape[0]
     eh, ew = nby * bs - h, nbx * bs - w
     # Zero padding: only inadmissible candidates ever read it.
@@ -355,6 +365,53 @@ def block_match(
         ValueError: for a bad frame or option, naming it.
     """
     _check_frames(prev, cur)
+    return _block_match(
+        prev, cur, *_dynamic(init_motion, psnr_threshold),
+        jnp.asarray(psnr_peak(cur.dtype, data_range), jnp.float32),
+        **_static(block_size, search, max_steps, k_skip, reuse_scores, color, search_range),
+        all_vectors=bool(all_vectors),
+    )  # fmt: skip
+
+
+def block_match_planes(
+    prev: jax.Array,
+    cur: jax.Array,
+    *,
+    peak: float | jax.Array,
+    block_size: int = 10,
+    psnr_threshold: float = 20.0,
+    search: str = "diamond",
+    max_steps: int = DEFAULT_MAX_STEPS,
+    k_skip: int = 1,
+    reuse_scores: bool = True,
+    init_motion=(0, 0),
+    color: str = "luma",
+    search_range: int = DEFAULT_SEARCH_RANGE,
+    all_vectors: bool = True,
+) -> Match:
+    """`block_match` of frames given as their `planes` (C', H, W).
+
+    The same Match as ``block_match(prev_frame, cur_frame, ...)`` for
+    ``prev = planes(prev_frame, color)`` and ``cur = planes(cur_frame,
+    color)``, with ``peak`` the PSNR peak `block_match` derives from the
+    frames' dtype and ``data_range`` (255 for integer frames, 1.0 for float);
+    ``color`` says what the planes are (one luma plane, or the channels).
+    """
+    static = _static(block_size, search, max_steps, k_skip, reuse_scores, color, search_range)
+    if prev.shape != cur.shape or prev.ndim != 3 or (color == "luma" and cur.shape[0] != 1):
+        raise ValueError(
+            f"dcjax: prev and cur must be (C', H, W) planes of one shape (one plane "
+            f"for color='luma'), got {prev.shape} and {cur.shape}"
+        )
+    return _block_match(
+        prev.astype(jnp.float32), cur.astype(jnp.float32),
+        *_dynamic(init_motion, psnr_threshold), jnp.asarray(peak, jnp.float32), **static,
+        all_vectors=bool(all_vectors), given_planes=True,
+    )  # fmt: skip
+
+
+def _static(block_size, search, max_steps, k_skip, reuse_scores, color, search_range) -> dict:
+    """The validated static options of `_block_match`."""
     if search not in SEARCHES:
         raise ValueError(f"dcjax: search must be one of {SEARCHES}, got {search!r}")
     for name, value, least in (
@@ -367,17 +424,7 @@ def block_match(
             raise ValueError(f"dcjax: {name} must be an int >= {least}, got {value!r}")
     if color not in ("luma", "rgb"):
         raise ValueError(f"dcjax: color must be 'luma' or 'rgb', got {color!r}")
-    if isinstance(psnr_threshold, (int, float)) and math.isnan(psnr_threshold):
-        raise ValueError("dcjax: psnr_threshold must be a number (dB), got nan")
-    init = jnp.asarray(init_motion)
-    if init.shape != (2,):
-        raise ValueError(f"dcjax: init_motion must be (dy, dx), got shape {init.shape}")
-    return _block_match(
-        prev,
-        cur,
-        init.astype(jnp.int32),
-        jnp.asarray(psnr_threshold, jnp.float32),
-        jnp.asarray(_peak(cur.dtype, data_range), jnp.float32),
+    return dict(
         block_size=int(block_size),
         search=search,
         max_steps=int(max_steps),
@@ -385,8 +432,17 @@ def block_match(
         reuse_scores=bool(reuse_scores),
         color=color,
         search_range=int(search_range),
-        all_vectors=bool(all_vectors),
     )
+
+
+def _dynamic(init_motion, psnr_threshold) -> tuple[jax.Array, jax.Array]:
+    """The validated traced arguments of `_block_match`: start motion, threshold."""
+    if isinstance(psnr_threshold, (int, float)) and math.isnan(psnr_threshold):
+        raise ValueError("dcjax: psnr_threshold must be a number (dB), got nan")
+    init = jnp.asarray(init_motion)
+    if init.shape != (2,):
+        raise ValueError(f"dcjax: init_motion must be (dy, dx), got shape {init.shape}")
+    return init.astype(jnp.int32), jnp.asarray(psnr_threshold, jnp.float32)
 
 
 def _check_frames(prev, cur) -> None:

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dcjax.matching.static import _peak, _plane, psnr_from_mse
+from dcjax.matching.static import _plane, psnr_from_mse, psnr_peak
 from dcjax.matching.types import Match
 
 
@@ -71,7 +71,7 @@ def _distances(prev, cur, grid, bins, peak) -> tuple[jax.Array, np.ndarray]:
 def _histogram_match(prev, cur, *, grid, bins, distance_threshold, data_range) -> Match:
     h, w = cur.shape[:2]
     gy, gx = grid
-    peak = _peak(cur.dtype, data_range)
+    peak = psnr_peak(cur.dtype, data_range)
     dist, cell_np = _distances(prev, cur, grid, bins, peak)
     matched = dist < distance_threshold
 
@@ -104,7 +104,7 @@ def histogram_distances(prev, cur, *, grid=(8, 8), bins=16, data_range=None) -> 
         The per-cell distances `histogram_match` thresholds.
     """
     _check(prev, cur, grid, bins)
-    peak = _peak(cur.dtype, data_range)
+    peak = psnr_peak(cur.dtype, data_range)
     return _distances_jit(prev, cur, (int(grid[0]), int(grid[1])), int(bins), peak)
 
 

@@ -25,7 +25,9 @@ from dcjax.matching.types import Match
 _LUMA = (0.299, 0.587, 0.114)
 
 
-def _peak(dtype, data_range: float | None) -> float:
+def psnr_peak(dtype, data_range: float | None = None) -> float:
+    """The peak value of the PSNR: ``data_range``, else 255 for integer frames
+    and 1.0 for float frames."""
     if data_range is not None:
         return float(data_range)
     return 255.0 if jnp.issubdtype(dtype, jnp.integer) else 1.0
@@ -152,7 +154,7 @@ def static_match(
         )
     if block_size < 1:
         raise ValueError(f"dcjax: block_size must be >= 1, got {block_size}")
-    peak = _peak(cur.dtype, data_range)
+    peak = psnr_peak(cur.dtype, data_range)
     err = jnp.square(_plane(cur, color) - _plane(prev, color)).mean(-1)
     mse = block_sums_unrolled(err, block_size) / block_counts_np(err.shape, block_size)
     psnr = psnr_from_mse(mse, peak)

@@ -8,7 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dcjax.matching import MATCH_SEARCHES, Match, match
+from dcjax.matching import (
+    MATCH_SEARCHES,
+    Match,
+    block_match_planes,
+    match,
+    planes,
+    psnr_peak,
+)
 from tests.matching.frames import (
     block_ssd_np,
     blocks,
@@ -238,3 +245,45 @@ def test_early_settling_changes_only_the_vectors_of_moving_blocks():
     assert tuple(np.asarray(full.motion)) == (3, -2)  # the pan: found, nothing skipped
     np.testing.assert_array_equal(a, b)
     assert settled >= 5  # most fixed-camera pairs skipped some moving block's search
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+@pytest.mark.parametrize("color", ["luma", "rgb"])
+def test_matching_planes_is_matching_the_frames(search, color):
+    """`block_match_planes` on the frames' `planes` (what the transform keeps as
+    its key) gives `match`'s result on the frames, for uint8 and float frames."""
+    prev, cur = shifted_pair(photo("chelsea"), (2, -3))
+    cur = degrade(cur)
+    for p, c, data_range in (
+        (prev, cur, None),
+        (prev.astype(np.float32) / 255.0, cur.astype(np.float32) / 255.0, None),
+        (prev.astype(np.float32), cur.astype(np.float32), 255.0),
+    ):
+        want = match(p, c, search=search, color=color, data_range=data_range)
+        got = block_match_planes(
+            planes(p, color),
+            planes(c, color),
+            peak=psnr_peak(c.dtype, data_range),
+            search=search,
+            color=color,
+        )
+        assert planes(c, color).shape == ((1,) if color == "luma" else (3,)) + c.shape[:2]
+        assert tuple(np.asarray(got.motion)) == (2, -3)
+        for field in ("motion", "mask", "block_vectors", "match_ratio"):
+            np.testing.assert_array_equal(
+                np.asarray(getattr(got, field)), np.asarray(getattr(want, field))
+            )
+        np.testing.assert_allclose(
+            np.asarray(got.block_psnr), np.asarray(want.block_psnr), rtol=1e-6
+        )
+
+
+def test_matching_planes_rejects_frames_and_mismatched_planes():
+    frame = photo("camera")[:20, :20]
+    luma_planes = planes(frame)
+    with pytest.raises(ValueError, match="planes"):
+        block_match_planes(frame, frame, peak=255.0)  # (H, W, C) frames, not planes
+    with pytest.raises(ValueError, match="planes"):
+        block_match_planes(luma_planes, luma_planes[:, :19], peak=255.0)
+    with pytest.raises(ValueError, match="search"):
+        block_match_planes(luma_planes, luma_planes, peak=255.0, search="hexagon")
