@@ -539,9 +539,8 @@ class CachedModel:
             )
         if cfg.matcher == "static":
             return matching.static_match(prev, cur, **common, **cfg.matcher_options)
-        if cfg.matcher == "histogram":
-            return matching.histogram_match(prev, cur, **cfg.matcher_options)
-        raise ValueError(f"dcjax: unknown matcher {cfg.matcher!r}")
+        # "histogram", the last of `Config`'s validated matchers
+        return matching.histogram_match(prev, cur, **cfg.matcher_options)
 
     def _next_key(self, key, new, r0, motion):
         """The key the next frame is matched against (`Config.key`), from the
