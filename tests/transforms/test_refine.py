@@ -12,6 +12,7 @@ from jax import lax
 from skimage import data, transform
 
 from dcjax import deepcache
+from dcjax._loops import skipping_pays
 from dcjax.config import RefineConfig
 from dcjax.transforms import refine as refine_lib
 from dcjax.transforms.signatures import DenseLayer
@@ -413,7 +414,35 @@ def test_dense_refinement_falls_back_to_the_full_product_when_most_inputs_change
     np.testing.assert_array_equal(np.asarray(state.dense[0][0]), (1.0 - f).reshape(-1))
 
 
-def test_dense_refinement_with_delta_zero_and_refresh_is_exact():
+def _product_operands(fn, *args) -> list:
+    """The primitive (or jnp function) behind each matrix product's left operand in
+    ``fn``'s jaxpr, looking through reshapes and casts; ``None`` for an input of its jaxpr."""
+    found = []
+
+    def walk(jaxpr):
+        producer = {}
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                e = producer.get(eqn.invars[0])
+                while e is not None and e.primitive.name in ("reshape", "convert_element_type"):
+                    e = producer.get(e.invars[0])
+                # a jnp function traces to a call named after it
+                found.append(None if e is None else e.params.get("name", e.primitive.name))
+            producer.update((v, eqn) for v in eqn.outvars)
+            for p in eqn.params.values():
+                for sub in p if isinstance(p, (tuple, list)) else [p]:
+                    if hasattr(sub, "jaxpr") or hasattr(sub, "eqns"):
+                        walk(getattr(sub, "jaxpr", sub))
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_dense_refinement_with_delta_zero_and_refresh_is_exact(backend, monkeypatch):
+    """Off CPU too (the step without data-dependent loops): ``delta=0`` computes the
+    product as plain DeepCache does, not as a zero plus a product of the input."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
     frames = _photo_stream(5, 0.01, 0.01)
     plain = _transform(None, FC_PARAMS, model=conv_then_dense, refresh_every=3)
     zero = _transform(
@@ -423,6 +452,11 @@ def test_dense_refinement_with_delta_zero_and_refresh_is_exact():
         RefineConfig(delta=0.5, layers="all"), FC_PARAMS, model=conv_then_dense, refresh_every=3
     )
     sp, sz, sr = plain.init(), zero.init(), refined.init()
+    # the fully connected layer multiplies its input, not a selection between it and a
+    # difference (which a GPU's product rounds differently from the plain one)
+    operands = _product_operands(zero.step, sz, frames[0])
+    assert operands and "_where" not in operands
+    assert "_where" in _product_operands(refined.step, sr, frames[0]) or backend == "cpu"
     for f in frames:
         op, sp, _ = plain.step(sp, f)
         oz, sz, iz = zero.step(sz, f)
@@ -480,7 +514,7 @@ def test_dense_refinement_under_vmap_and_on_still_frames():
     _, state, _ = cached.step(state, frames[0])
     before = [np.asarray(a) for a in state.dense[0]]
     (y,), state, info = cached.step(state, frames[0])
-    assert bool(info["skipped"])
+    assert bool(info["skipped"]) == skipping_pays()  # off CPU the network runs on still frames
     for a, b in zip(before, state.dense[0]):
         np.testing.assert_array_equal(a, np.asarray(b))
     np.testing.assert_array_equal(np.asarray(y)[0], before[1])
