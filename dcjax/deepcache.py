@@ -212,9 +212,8 @@ class CachedModel:
                         self.layers,
                         config.refine,
                         self.dense_layers,
-                        matched=_reads_frame(self._analysis, len(self.layers))
-                        if config.matcher != "none"
-                        else (),
+                        reads_frame=_reads_frame(self._analysis, len(self.layers)),
+                        matcher=config.matcher != "none",
                     ),
                     self._keeps_cache,
                     strict=True,

@@ -49,23 +49,32 @@ bounded the same way since the chain's output is reused only where the
 residual is.
 
 ``layers="auto"`` refines a convolution only where the test is cheaper than the
-work it can save: the test reads each input element about three times (a
-subtraction, an absolute value, a max), the convolution spends
-``kh * kw * (C_out / groups) / (sy * sx)`` multiply-adds per input element; a
-layer is refined when that is at least 16 (depthwise 3x3 convolutions are not,
-1x1 and dense 3x3 convolutions are). Nor does ``"auto"`` refine a convolution
-that reads the frame itself (through elementwise preprocessing or pooling, with
-no reused layer in between: the stem) when a block matcher runs: the
-matcher's PSNR test already decides reuse on that input, and a pixel test
-behind it added error without adding reuse. Measured over vtest (30-40
-frames, interleaved, with the stem refined / not): ideal speedups 3.06x /
-3.05x on ResNet-50, 2.20x / 2.19x on AlexNet, 1.44x / 1.44x on
+work it can save: the test is a pass over the input and its reference (a
+subtraction, an absolute value, a max over channels, the reference's update),
+at memory speed, while the convolution spends ``kh * kw * (C_out / groups) /
+(sy * sx)`` multiply-adds per input element at matrix-product speed; a layer is
+refined when that is at least `AUTO_MIN_MACS_PER_INPUT` (160). Depthwise
+convolutions are not, nor are EfficientNet-Lite0's 1x1 expansions and
+projections (16 to 144) and ResNet-50's first 1x1 convolutions of the first two
+stages (64, 128); 3x3 convolutions of 32 channels and more and wide 1x1 ones
+are. Measured over vtest (40 and 30 frames, interleaved, threshold 16 / 200 /
+no cache): EfficientNet-Lite0 10.11 / 9.47 ms against 9.46 for plain DeepCache
+and 8.88 without cache, ideal speedup 1.44 / 1.42 (every refined 1x1 layer
+there cost more than the 1-3 % of pixels its test added, e.g. the 112x112
+projection 0.25 -> 0.45 ms); ResNet-50 48.3 / 46.7 ms (ideal 3.05 / 3.02);
+AlexNet and YOLO-tiny refine the same layers under both. Nor does ``"auto"``
+refine a convolution that reads the frame itself (through elementwise
+preprocessing or pooling, with no reused layer in between: the stem) when a
+block matcher runs: the matcher's PSNR test already decides reuse on that
+input, and a pixel test behind it added error without adding reuse. Measured
+over vtest (30-40 frames, interleaved, with the stem refined / not): ideal
+speedups 3.06x / 3.05x on ResNet-50, 2.20x / 2.19x on AlexNet, 1.44x / 1.44x on
 EfficientNet-Lite0, 3.04x / 3.03x on YOLO-tiny; relative output MSE 3.0e-5 /
 2.9e-5, 4.1e-4 / 3.2e-4, 1.06e-2 / 4.9e-3 and 3.8e-4 / 2.5e-4; times within
 noise or better (AlexNet 13.3 / 12.9 ms, ResNet-50 31.8 / 32.4,
-EfficientNet-Lite0 10.25 / 10.14, YOLO-tiny 25.9 / 24.8). With ``matcher="none"``
-(the ``delta`` baseline) the stem's test is the only reuse at the input, and
-it is refined.
+EfficientNet-Lite0 10.25 / 10.14, YOLO-tiny 25.9 / 24.8). With
+``matcher="none"`` (the ``delta`` baseline) the stem's test is the only reuse
+at the input, and it is refined whatever its cost.
 
 Fully connected layers (`signatures.DenseLayer`: ``y = x @ W`` on a
 flattened or pooled map, ``W`` of shape ``(K, N)``) get the same test per
@@ -91,7 +100,7 @@ added since the last full product, a relative ~1e-7 each). On AlexNet's
 the fixed-camera clip at the default ``delta``, so the layer reads 25-40 % of
 its rows (`dcjax.kernels.matvec`). Under ``layers="auto"`` a fully connected
 layer is refined when it has at least `AUTO_MIN_DENSE_WEIGHTS` (4 Mi) weights
-and `AUTO_MIN_MACS_PER_INPUT` outputs: smaller ones cost well under a
+and `AUTO_MIN_DENSE_OUTPUTS` (16) outputs: smaller ones cost well under a
 millisecond, and the classifier heads behind a global average pool see every
 input move a little, so the test would add error for little time (ResNet-50's
 2048 x 1000 head: 89 % of the rows skipped, the relative output error on the
@@ -121,6 +130,7 @@ from dcjax.config import RefineConfig
 from dcjax.transforms.signatures import DenseLayer, Layer, Spatial
 
 __all__ = [
+    "AUTO_MIN_DENSE_OUTPUTS",
     "AUTO_MIN_DENSE_WEIGHTS",
     "AUTO_MIN_MACS_PER_INPUT",
     "DENSE_FRACTION",
@@ -133,10 +143,14 @@ __all__ = [
     "scale",
 ]
 
-AUTO_MIN_MACS_PER_INPUT = 16
+#: Multiply-adds per input element from which "auto" refines a convolution.
+AUTO_MIN_MACS_PER_INPUT = 160
 
 #: Fully connected layers with fewer weights are not refined under "auto".
 AUTO_MIN_DENSE_WEIGHTS = 1 << 22
+
+#: Nor are those with fewer outputs (weight values read per changed input).
+AUTO_MIN_DENSE_OUTPUTS = 16
 
 #: A fully connected layer with more of its inputs changed than this computes
 #: its product in full (`dcjax.kernels.matvec`: on AlexNet's fc6 the delta
@@ -148,22 +162,26 @@ def refined_layers(
     layers: Sequence[Layer],
     config: RefineConfig,
     dense_layers: Sequence[DenseLayer] = (),
-    matched: Sequence[bool] = (),
+    reads_frame: Sequence[bool] = (),
+    matcher: bool = True,
 ) -> tuple[bool, ...]:
     """Which convolutions get the change test under ``config.layers``.
 
     ``dense_layers`` are the model's fully connected layers: names in
-    ``config.layers`` may name them too (`refined_dense`). ``matched`` flags
-    the layers whose input the block matcher already tests (they read the
-    frame, with no reused layer in between); ``"auto"`` leaves them out.
+    ``config.layers`` may name them too (`refined_dense`). ``reads_frame``
+    flags the layers whose input is the frame (with no reused layer in
+    between); ``"auto"`` refines them exactly when no block matcher runs
+    (``matcher`` false): with one, its test decides reuse on that input;
+    without one, their test is the only reuse at the input, whatever it costs.
     """
     if config.layers == "all":
         return tuple(True for _ in layers)
     if config.layers == "auto":
-        flags = tuple(matched) or (False,) * len(layers)
+        flags = tuple(reads_frame) or (False,) * len(layers)
         return tuple(
-            not on_frame
-            and layer.kernel[0] * layer.kernel[1] * layer.out_channels / layer.groups
+            not matcher
+            if on_frame
+            else layer.kernel[0] * layer.kernel[1] * layer.out_channels / layer.groups
             >= AUTO_MIN_MACS_PER_INPUT * layer.strides[0] * layer.strides[1]
             for layer, on_frame in zip(layers, flags, strict=True)
         )
@@ -182,14 +200,14 @@ def refined_dense(dense_layers: Sequence[DenseLayer], config: RefineConfig) -> t
     """Which fully connected layers are updated by their changed inputs' rows.
 
     Under ``"auto"`` those with at least `AUTO_MIN_DENSE_WEIGHTS` weights and
-    `AUTO_MIN_MACS_PER_INPUT` outputs, under ``"all"`` every one, else those
+    `AUTO_MIN_DENSE_OUTPUTS` outputs, under ``"all"`` every one, else those
     named (see the module docstring).
     """
     if config.layers == "all":
         return tuple(True for _ in dense_layers)
     if config.layers == "auto":
         return tuple(
-            d.out_features >= AUTO_MIN_MACS_PER_INPUT
+            d.out_features >= AUTO_MIN_DENSE_OUTPUTS
             and d.in_features * d.out_features >= AUTO_MIN_DENSE_WEIGHTS
             for d in dense_layers
         )

@@ -220,21 +220,33 @@ def test_scene_cut_resets_references():
     np.testing.assert_array_equal(np.asarray(state.refs[0][0]), 1.0 - f)
 
 
-def test_auto_layers_skip_cheap_depthwise_convolutions():
+def test_auto_layers_skip_cheap_depthwise_and_narrow_pointwise_convolutions():
     def fn(p, x):
-        x = _conv(x, p["stem"])
+        x = _conv(x, p["stem"])  # 3x3 -> 16: 144 MACs per input element
         x = _conv(x, p["dw"], groups=16)  # depthwise 3x3: 9 MACs per input element
-        return _conv(x, p["pw"])  # pointwise 1x1 -> 32: 32 MACs per input element
+        x = _conv(x, p["pw"])  # pointwise 1x1 -> 144: 144 MACs per input element
+        x = _conv(x, p["wide"])  # pointwise 1x1 -> 160: 160 MACs per input element
+        return _conv(x, p["c3"])  # 3x3 -> 32: 288 MACs per input element
 
     params = {
         "stem": jnp.ones((3, 3, 3, 16)),
         "dw": jnp.ones((3, 3, 1, 16)),
-        "pw": jnp.ones((1, 1, 16, 32)),
+        "pw": jnp.ones((1, 1, 16, 144)),
+        "wide": jnp.ones((1, 1, 144, 160)),
+        "c3": jnp.ones((3, 3, 160, 32)),
     }
     layers = deepcache.transform(fn, params, frame_shape=(8, 8, 3)).layers
-    assert refine_lib.refined_layers(layers, RefineConfig()) == (True, False, True)
+    assert refine_lib.refined_layers(layers, RefineConfig()) == (False, False, False, True, True)
     names = (layers[1].name,)
-    assert refine_lib.refined_layers(layers, RefineConfig(layers=names)) == (False, True, False)
+    assert refine_lib.refined_layers(layers, RefineConfig(layers=names)) == (
+        False, True, False, False, False,
+    )  # fmt: skip
+    # a layer on the frame is left to the matcher, or refined whatever it costs without one
+    on_frame = (True, False, False, False, False)
+    for matcher in (True, False):
+        assert refine_lib.refined_layers(
+            layers, RefineConfig(), reads_frame=on_frame, matcher=matcher
+        ) == (not matcher, False, False, True, True)
     with pytest.raises(ValueError, match="unknown layers"):
         refine_lib.refined_layers(layers, RefineConfig(layers=("nope",)))
 
@@ -247,10 +259,10 @@ def _frame_then_behind(p, x):
     return (_conv(jax.nn.relu(a + b), p["c"]),)
 
 
-FRAME_PARAMS = {
-    "a": jax.random.normal(jax.random.key(2), (3, 3, 3, 16)) * 0.3,
-    "b": jax.random.normal(jax.random.key(3), (3, 3, 3, 16)) * 0.3,
-    "c": jax.random.normal(jax.random.key(4), (3, 3, 16, 16)) * 0.1,
+FRAME_PARAMS = {  # 3x3 convolutions to 32 channels: 288 MACs per input element
+    "a": jax.random.normal(jax.random.key(2), (3, 3, 3, 32)) * 0.3,
+    "b": jax.random.normal(jax.random.key(3), (3, 3, 3, 32)) * 0.3,
+    "c": jax.random.normal(jax.random.key(4), (3, 3, 32, 32)) * 0.07,
 }
 
 
