@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dcjax-installed
 EXTRAS ?= test,video,notebooks,pretrained,skvideo
 
-.PHONY: demo test lint bench gpu-check install clean
+.PHONY: demo test lint bench gpu-check gpu-run install clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "dcjax needs Python >= 3.10"; exit 1; }
@@ -32,16 +32,24 @@ bench: $(STAMP)
 
 # On a machine with an NVIDIA GPU: the CUDA build of jax, the GPU kernel tests
 # (compiled, float32), and the kernel and end-to-end benchmarks on the GPU.
+# `make gpu-run GPU_PY=python3` runs the same checks with an interpreter that
+# already has jax with CUDA and the project's dependencies (no install, no
+# network), taking the project from this checkout.
 GPU_TESTS := pallas or epilogue or invariants_hold or vmap or delta_zero or error_bound
+GPU_PY ?= $(PY)
 gpu-check: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[gpu]"
-	JAX_DEFAULT_MATMUL_PRECISION=highest $(PY) -m pytest -q tests/kernels/test_pallas.py \
-		tests/kernels/test_api.py tests/test_deepcache.py tests/transforms/test_refine.py \
-		-k "$(GPU_TESTS)"
-	$(PY) -m dcjax.kernels.bench --impls xla,pallas --precision default \
-		--out bench-results/kernels-gpu.json
-	$(PY) -m dcjax bench --models resnet50 alexnet googlenet yolo_tiny dave efficientnet_lite0 \
-		--videos vtest --methods nocache deepcache --frames 40 --json bench-results/gpu.json
+	$(MAKE) gpu-run GPU_PY=$(PY)
+
+gpu-run:
+	JAX_DEFAULT_MATMUL_PRECISION=highest PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q \
+		tests/kernels/test_pallas.py tests/kernels/test_api.py tests/test_deepcache.py \
+		tests/transforms/test_refine.py -k "$(GPU_TESTS)"
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m dcjax.kernels.bench --impls xla,pallas \
+		--precision default --out bench-results/kernels-gpu.json
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m dcjax bench --models resnet50 alexnet googlenet \
+		yolo_tiny dave efficientnet_lite0 --videos vtest --methods nocache deepcache \
+		--frames 40 --json bench-results/gpu.json
 
 clean:
 	rm -rf $(VENV) dcjax-demo .pytest_cache
