@@ -22,6 +22,9 @@ Contract:
   which stalls the stream for longer than the small pieces of work that the
   callers skip (a roll of a cache, a fallback search) take there; so on GPU
   and TPU callers do the work unconditionally, or in loops of static length.
+  The one exception is the step's skip of a whole still frame
+  (`dcjax.deepcache.Config.skip_unchanged`), which saves a network per predicate
+  read.
 
 Why loops and not `lax.cond`: XLA:CPU copies the operand a conditional's branch
 passes through into the conditional's result buffer, where a loop carry keeps

@@ -197,13 +197,16 @@ class Config:
             the work DeepCache cannot skip layer by layer (small layers
             computed densely, pooling, normalisation, fully connected layers).
             Not with semantic exits, nor for a model with primitives the
-            analysis does not cover, and only on CPU (on GPU and TPU the step
-            keeps no loop with a data-dependent trip count, which would stall
-            the stream: the network runs on every frame). On by default: a
-            still scene then costs the matcher and little else (the still opening of box: AlexNet
-            1.65x -> 13.8x, EfficientNet-Lite0 1.13x -> 5.9x, GoogLeNet 2.3x
-            -> 13x over no cache), while the step, which then runs inside a
-            loop, took 0-3 % longer on the moving frames of vtest (README).
+            analysis does not cover. On every backend: on GPU the skip is the
+            step's one loop with a data-dependent trip count (its predicate
+            goes to the host once a frame), which a whole network pays for. On
+            by default: a still scene then costs the matcher and little else
+            (the still opening of box on CPU: AlexNet 1.65x -> 13.8x,
+            EfficientNet-Lite0 1.13x -> 5.9x, GoogLeNet 2.3x -> 13x over no
+            cache; on an H200 ResNet-50 0.74x -> 1.45x, EfficientNet-Lite0
+            0.70x -> 1.52x), while the step, which then runs inside a loop,
+            took 0-3 % longer on the moving frames of vtest on CPU and
+            between 11 % longer and 3 % shorter on the H200 (README).
     """
 
     block_size: int = 10

@@ -27,8 +27,8 @@ batch axis of 1).
 A frame is recomputed in full (R0 all false) on the first frame, every
 ``refresh_every`` frames, when fewer than ``min_match`` of the blocks match,
 and when the frame holds NaN or Inf; such a frame is not used as the cache key
-for the next one, which is then recomputed in full too. On CPU a still frame
-(every input pixel reusable, no motion) returns the last output without
+for the next one, which is then recomputed in full too. A still frame (every input
+pixel reusable, no motion) returns the last output without
 running the network (`Config.skip_unchanged`, on by default).
 """
 
@@ -243,13 +243,10 @@ class CachedModel:
             )
         # A still frame skips the network only where the analysis covers every
         # primitive: an unsupported one is recomputed in full whatever the masks.
-        # On GPU and TPU the step has no loop with a data-dependent trip count
-        # (`dcjax._loops.skipping_pays`), so it always runs the network there.
+        # On every backend: off CPU the skip's loop test reads its predicate
+        # once a frame, which a whole network pays for (see `Config.skip_unchanged`).
         self._skips = (
-            config.skip_unchanged
-            and skipping_pays()
-            and self._semantic is None
-            and not self.unsupported_primitives
+            config.skip_unchanged and self._semantic is None and not self.unsupported_primitives
         )
         self.total_flops = sum(layer.flops for layer in self.layers) + self._analysis.other_flops
         self._flops = jnp.asarray([layer.flops for layer in self.layers], jnp.float32)
