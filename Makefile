@@ -48,7 +48,7 @@ gpu-run:
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m dcjax.kernels.bench --impls xla,pallas \
 		--precision default --out bench-results/kernels-gpu.json
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m dcjax bench --models resnet50 alexnet googlenet \
-		yolo_tiny dave efficientnet_lite0 --videos vtest --methods nocache deepcache \
+		yolo_tiny dave efficientnet_lite0 --videos vtest box --methods nocache deepcache deepcache:kernel=pallas \
 		--frames 40 --json bench-results/gpu.json
 
 clean:

@@ -720,7 +720,7 @@ def test_skip_unchanged_is_a_bool():
 
 @pytest.mark.parametrize("name", ["resnet50", "yolo_tiny", "efficientnet_lite0"])
 def test_step_lowers_for_gpu_with_pallas_kernels_and_epilogues(name, monkeypatch):
-    """Under ``kernel="auto"`` on a GPU every cached layer is a Triton kernel with
+    """Under ``kernel="pallas"`` on a GPU every cached layer is a Triton kernel with
     its epilogue (residual adds, leaky ReLU, ReLU6) inside, and the one loop of the
     step with a data-dependent trip count is the still-frame skip (each test
     stalls the stream: a whole network pays for it, smaller work does not).
@@ -733,7 +733,8 @@ def test_step_lowers_for_gpu_with_pallas_kernels_and_epilogues(name, monkeypatch
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     shape = (64, 64, 3)
     module, variables = models.create(name, input_size=shape[:2], width=0.25)
-    cached = deepcache.transform(module, variables, frame_shape=shape)
+    config = deepcache.Config(kernel="pallas")
+    cached = deepcache.transform(module, variables, frame_shape=shape, config=config)
     assert all(cached.epilogues)
     frame = jax.ShapeDtypeStruct(shape, jnp.uint8)
 
@@ -744,9 +745,13 @@ def test_step_lowers_for_gpu_with_pallas_kernels_and_epilogues(name, monkeypatch
     text = lowered(cached)
     assert text.count("xla.gpu.triton") == len(cached.layers)
     assert text.count("stablehlo.while") == 2  # the diamond search's static steps, the skip
-    config = deepcache.Config(skip_unchanged=False)
+    config = deepcache.Config(kernel="pallas", skip_unchanged=False)
     text = lowered(deepcache.transform(module, variables, frame_shape=shape, config=config))
     assert text.count("stablehlo.while") == 1
+    # "auto" computes these small layers densely on GPU: no kernel, no cache
+    auto = deepcache.transform(module, variables, frame_shape=shape)
+    assert lowered(auto).count("xla.gpu.triton") == 0
+    assert all(c.size == 0 for c in auto.init().caches)
 
 
 def test_convolutions_with_an_explicit_precision_are_reused_at_that_precision():

@@ -115,7 +115,24 @@ microseconds on an H100, so these times are launch and dispatch: what a
 per-frame step pays. End to end (``dcjax bench`` on vtest) the cached ResNet-50
 step went from 21.5 ms with ``xla`` to 9.2 ms with ``pallas`` before the other
 GPU changes of the same session. Choice on GPU: ``pallas_gpu`` for every class
-(depthwise layers with a channel multiplier fall back to ``xla`` inside it).
+(depthwise layers with a channel multiplier fall back to ``xla`` inside it)...
+
+...except small layers. End to end the cached step with Pallas kernels on every
+reused layer stayed 0.33-0.55x of no cache on every zoo model over vtest (one
+H200, ``dcjax bench``; README), because around each kernel the step adds its
+mask propagation, tile lists and launches, while the whole dense network at
+224x224 runs in 0.6-3 ms, bound by launches, not arithmetic. Computing the
+layers densely instead (``dcjax bench --models resnet50 efficientnet_lite0
+--videos vtest box --methods nocache deepcache deepcache:kernel=dense --frames
+20``, one H200): ResNet-50 over vtest 0.45x -> 0.76x, EfficientNet-Lite0 0.65x
+-> 0.75x (top-1 agreement 95 -> 100 %), and over box, where still frames are
+skipped whole (`dcjax.deepcache.Config.skip_unchanged`), 1.47x -> 1.48x and
+1.45x -> 1.58x, with 0.2 MiB of state instead of 43 and 26 MiB. So on GPU a
+layer under `GPU_SMALL_LAYER_FLOPS` dense FLOPs runs dense: at the H100/H200's
+convolution speed such a layer takes about as long dense as the sparse path's
+fixed cost per call above (0.04-0.11 ms); every layer of the zoo at its
+published input size is under it. Larger layers (high-resolution frames) keep
+the Pallas kernel; where the crossover lies was not measured.
 
 TPU: no TPU was lent, so nothing was measured; it gets the portable ``xla``
 kernel.
@@ -127,6 +144,7 @@ from dcjax.kernels import rows as _rows
 from dcjax.kernels.tiles import TilePlan
 
 __all__ = [
+    "GPU_SMALL_LAYER_FLOPS",
     "LARGE_MAP_PIXELS",
     "SMALL_LAYER_FLOPS",
     "TABLE",
@@ -141,6 +159,9 @@ SMALL_LAYER_FLOPS = 40e6
 
 #: ...unless ungrouped with at least this many output pixels per image.
 LARGE_MAP_PIXELS = 56 * 56
+
+#: Layers with fewer dense FLOPs than this run dense on GPU (see above).
+GPU_SMALL_LAYER_FLOPS = 4e9
 
 #: (backend, layer class) -> (impl, tile or None). Missing rows fall back to "xla".
 TABLE: dict[tuple[str, str], tuple[str, tuple[int, int] | None]] = {
@@ -170,6 +191,8 @@ def choose(
     ``scattered``: the layer's masks are scattered at pixel level (refinement).
     """
     if backend == "cpu" and dense_flops(p) < SMALL_LAYER_FLOPS and not large_map(p):
+        return "dense", None
+    if backend == "gpu" and dense_flops(p) < GPU_SMALL_LAYER_FLOPS:
         return "dense", None
     if backend == "cpu" and layer_class(p) == "spatial" and (scattered or rows_pays(p)):
         return "rows", None

@@ -137,7 +137,11 @@ def test_auto_runs_small_layers_dense_on_cpu() -> None:
     assert auto.choose(rgb, "cpu", scattered=True)[0] == "rows"
     pointwise = plan((1, 56, 56, 256), (1, 1, 256, 64), strides=(1, 1), padding="SAME")
     assert auto.choose(pointwise, "cpu")[0] == "rows"
-    assert auto.choose(small, "gpu")[0] == "pallas_gpu"
+    # on GPU a layer runs dense unless its dense convolution is large (a high-resolution map)
+    assert auto.choose(small, "gpu") == auto.choose(big, "gpu") == ("dense", None)
+    hires = plan((1, 448, 448, 64), (3, 3, 64, 64), strides=(1, 1), padding="SAME")
+    assert auto.dense_flops(big) < auto.GPU_SMALL_LAYER_FLOPS < auto.dense_flops(hires)
+    assert auto.choose(hires, "gpu")[0] == "pallas_gpu"
     depthwise = plan((1, 56, 56, 64), (3, 3, 1, 64), strides=(1, 1), padding="SAME", groups=64)
     grouped = plan((1, 27, 27, 96), (5, 5, 48, 256), strides=(1, 1), padding="SAME", groups=2)
     assert auto.choose(grouped, "cpu")[0] == "rows"  # AlexNet's conv2: 2 groups of 48 channels
