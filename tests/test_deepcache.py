@@ -754,6 +754,29 @@ def test_step_lowers_for_gpu_with_pallas_kernels_and_epilogues(name, monkeypatch
     assert all(c.size == 0 for c in auto.init().caches)
 
 
+def test_auto_on_gpu_runs_the_dense_network_and_skips_still_frames(monkeypatch):
+    """On GPU ``kernel="auto"`` computes small layers densely and keeps no cache for
+    them: a moving frame's output is the model's own, and a still frame returns the
+    last output without running the network. Run on CPU with the GPU's choices (the
+    default backend reported as ``"gpu"``: no data-dependent loops but the skip's)."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    module, variables, ref = _model("resnet")
+    cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3))
+    state = cached.init()
+    assert cached.layers and all(c.size == 0 for c in state.caches)
+    a = _photo(SIZE, 0)
+    b, _ = _translate(a, 2, 1)
+    outs, skipped = [], []
+    for f in (a, b, b):
+        out, state, info = cached.step(state, f)
+        outs.append(np.asarray(out))
+        skipped.append(bool(info["skipped"]))
+    assert skipped == [False, False, True]
+    _close(outs[0], ref(a))
+    _close(outs[1], ref(b))
+    np.testing.assert_array_equal(outs[2], outs[1])
+
+
 def test_convolutions_with_an_explicit_precision_are_reused_at_that_precision():
     """A model traced under ``jax.default_matmul_precision("highest")`` carries the
     precision in its convolutions: they still go through the sparse kernels (and
