@@ -35,7 +35,7 @@ bench: $(STAMP)
 # `make gpu-run GPU_PY=python3` runs the same checks with an interpreter that
 # already has jax with CUDA and the project's dependencies (no install, no
 # network), taking the project from this checkout.
-GPU_TESTS := pallas or epilogue or invariants_hold or vmap or delta_zero or error_bound
+GPU_TESTS := pallas or epilogue or invariants_hold or vmap or delta_zero or error_bound or skip or still or auto_on_gpu
 GPU_PY ?= $(PY)
 gpu-check: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[gpu]"
