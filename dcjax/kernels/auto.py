@@ -24,8 +24,17 @@ other jobs, so minima of interleaved runs were compared), keyed by layer class:
   the former and the new choice, alternating): ResNet-50 1.28/1.33x ->
   1.46/1.41x, with refinement 1.47/1.54x -> 1.74/1.77x, YOLO-tiny 1.52/1.45x
   -> 1.65/1.64x, AlexNet 1.04/1.05x -> 1.07/1.08x, GoogLeNet level. With
-  fewer channels (AlexNet's conv1 on RGB) ``xla``, the tile kernel: 2.7-4.3x
-  faster than dense at 10 % dirty pixels, 1.65-2.3x at 25 %.
+  fewer channels (the RGB stems) also ``rows`` (`rows_pays`), which gathers
+  each kernel row's contiguous values at once: against the tile kernel
+  (``python -m dcjax.kernels.bench --layers
+  resnet50_stem,alexnet_conv1,enet_stem --fractions 0.05,0.1,0.2,0.3,0.5
+  --impls xla,rows``, medians of 30 interleaved calls) ResNet-50's 7x7/2 stem
+  0.46-1.39 against 0.59-2.02 ms from 5 to 50 % dirty pixels, AlexNet's
+  11x11/4 conv1 0.36-1.50 against 0.50-1.62 (level at 10 %),
+  EfficientNet-Lite0's 3x3/2 stem 0.25-0.43 against 0.30-0.50; VGG-16's
+  conv1_1 and SqueezeNet's conv1 faster too, YOLO-tiny's 448x448 conv0 within
+  10 % either way. Only a horizontally dilated kernel on few channels, whose
+  kernel rows are not contiguous, stays with ``xla``.
 - ``pointwise`` (1x1; ResNet-50 1x1, MobileNetV2 expansion): memory-bound.
   With one contiguous blob (``--impls xla,rows``) `rows` and `xla` are within
   noise of each other (ResNet-50 1x1: 2.3-2.8x at 10 %, 1.5-1.7x at 25 %); with
@@ -202,9 +211,10 @@ def choose(
 
 
 def rows_pays(p: TilePlan) -> bool:
-    """A spatial layer whose input pixels are long enough rows for the row kernel's
-    per-tap gathers (`dcjax.kernels.rows`)."""
-    return p.cin >= _rows.TAP_ROWS_MIN_CIN
+    """A spatial layer the row kernel gathers well (`dcjax.kernels.rows`): input
+    pixels long enough for per-tap gathers, or kernel rows contiguous in the
+    input (no horizontal dilation) for per-row gathers."""
+    return p.cin >= _rows.TAP_ROWS_MIN_CIN or p.dilation[1] == 1
 
 
 def large_map(p: TilePlan) -> bool:

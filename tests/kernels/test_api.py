@@ -133,8 +133,11 @@ def test_auto_runs_small_layers_dense_on_cpu() -> None:
     assert auto.choose(small, "cpu") == ("dense", None)
     assert auto.choose(big, "cpu")[0] == "rows"  # 64 channels: per-tap row gathers pay
     rgb = plan((1, 227, 227, 3), (11, 11, 3, 96), strides=(4, 4), padding="VALID")
-    assert auto.choose(rgb, "cpu")[0] == "xla"  # 3 channels: the tile kernel
+    assert auto.choose(rgb, "cpu")[0] == "rows"  # 3 channels: per-kernel-row gathers
     assert auto.choose(rgb, "cpu", scattered=True)[0] == "rows"
+    # 3 channels and a horizontally dilated kernel: no contiguous rows, the tile kernel
+    dilated = plan((1, 227, 227, 3), (3, 3, 3, 96), strides=(1, 1), padding="SAME", dilation=(1, 2))
+    assert auto.choose(dilated, "cpu")[0] == "xla"
     pointwise = plan((1, 56, 56, 256), (1, 1, 256, 64), strides=(1, 1), padding="SAME")
     assert auto.choose(pointwise, "cpu")[0] == "rows"
     # on GPU a layer runs dense unless its dense convolution is large (a high-resolution map)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -121,21 +122,48 @@ def test_step_sizes_cover_the_dense_threshold_and_no_more(hw, k, sizes) -> None:
 
 
 @pytest.mark.parametrize("cin", [3, 16])
-@pytest.mark.parametrize(("stride", "dilation"), [(1, 1), (2, 1), (1, 2)])
-def test_window_and_tap_gathers_agree_with_the_oracle(cin, stride, dilation) -> None:
-    """Fewer than TAP_ROWS_MIN_CIN channels: one window gather per pixel; more: one
-    row gather per kernel tap. Both with strides and dilation, over two images."""
+@pytest.mark.parametrize(
+    ("kernel", "stride", "dilation"),
+    [
+        ((3, 3), (1, 1), (1, 1)),
+        ((3, 3), (2, 2), (1, 1)),
+        ((3, 3), (1, 1), (2, 2)),
+        ((3, 3), (1, 1), (2, 1)),
+        ((1, 5), (1, 2), (1, 1)),
+        ((4, 2), (3, 1), (1, 1)),
+    ],
+)
+def test_segment_window_and_tap_gathers_agree_with_the_oracle(
+    cin, kernel, stride, dilation
+) -> None:
+    """Fewer than TAP_ROWS_MIN_CIN channels: one gather per kernel row of its
+    ``kw * Cin`` contiguous values, or with a horizontally dilated kernel one
+    window gather per pixel; more channels: one row gather per kernel tap. With
+    non-square kernels, strides and dilation, over two images."""
     assert (cin >= TAP_ROWS_MIN_CIN) == (cin == 16)
-    rng = np.random.default_rng(cin + 10 * stride + 100 * dilation)
+    seed = cin + 10 * sum(stride) + 100 * sum(dilation) + 1000 * sum(kernel)
+    rng = np.random.default_rng(seed)
     x = rng.normal(size=(2, 13, 11, cin)).astype(np.float32)
-    w = rng.normal(size=(3, 3, cin, 7)).astype(np.float32)
-    kw = dict(strides=(stride, stride), padding="SAME", dilation=(dilation, dilation))
-    ref = dense(Case(x, w, None, None, (stride,) * 2, "SAME", (dilation,) * 2, 1, None))
+    w = rng.normal(size=(*kernel, cin, 7)).astype(np.float32)
+    kw = dict(strides=stride, padding="SAME", dilation=dilation)
+    ref = dense(Case(x, w, None, None, stride, "SAME", dilation, 1, None))
     cached = rng.normal(size=ref.shape).astype(np.float32) + 100.0
     mask = rng.uniform(size=ref.shape[:3]) > 0.3
-    out = np.asarray(rows_masked_conv(x, w, mask, cached, dense_fraction=1.0, **kw))
+    f = functools.partial(rows_masked_conv, dense_fraction=1.0, **kw)
+    out = np.asarray(f(x, w, mask, cached))
     np.testing.assert_allclose(out[~mask], ref[~mask], rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(out[mask], cached[mask])
+    # which gather ran: the slice each gather takes from the padded input
+    eqns = all_eqns(jax.make_jaxpr(f)(x, w, mask, cached).jaxpr)
+    slices = {e.params["slice_sizes"] for e in eqns if e.primitive.name == "gather"}
+    if cin >= TAP_ROWS_MIN_CIN:
+        expected = (1, cin)  # a pixel per tap
+    elif dilation[1] == 1:
+        expected = (1, kernel[1] * cin)  # a kernel row
+    else:
+        eh, ew = ((k - 1) * d + 1 for k, d in zip(kernel, dilation, strict=True))
+        expected = (1, eh, ew, cin)  # a window
+    assert expected in slices
 
 
 def test_vmapped_streams_are_pooled_into_one_schedule() -> None:
