@@ -32,9 +32,21 @@ other jobs, so minima of interleaved runs were compared), keyed by layer class:
   0.46-1.39 against 0.59-2.02 ms from 5 to 50 % dirty pixels, AlexNet's
   11x11/4 conv1 0.36-1.50 against 0.50-1.62 (level at 10 %),
   EfficientNet-Lite0's 3x3/2 stem 0.25-0.43 against 0.30-0.50; VGG-16's
-  conv1_1 and SqueezeNet's conv1 faster too, YOLO-tiny's 448x448 conv0 within
-  10 % either way. Only a horizontally dilated kernel on few channels, whose
-  kernel rows are not contiguous, stays with ``xla``.
+  conv1_1 and SqueezeNet's conv1 faster too. Not on maps larger than
+  `FEW_CHANNEL_ROWS_MAX_PIXELS` (224x224): the row kernel lists dirty pixels,
+  the tile kernel dirty tiles, and on YOLO-tiny's 448x448 conv0 (3 -> 16
+  channels, 200704 output pixels) ``xla`` was ahead at low fractions (0.89
+  against 1.27 ms at 2 % dirty pixels, 1.34 against 1.44 at 5 %) and level at
+  10-20 %; end to end, YOLO-tiny's cached step over vtest was 1.2-1.7 %
+  slower with ``rows`` there (two A/Bs of 40 frames). A horizontally dilated
+  kernel on few channels, whose kernel rows are not contiguous, stays with
+  ``xla`` as well. End to end, each model's former choice (``xla``) against
+  ``rows`` on its stem in one process (vtest, 40-60 frames interleaved):
+  AlexNet's cached step 16.63 -> 16.49 and 17.25 -> 16.97 ms, refined 12.85
+  -> 12.29 and 13.03 -> 12.08; GoogLeNet 17.92 -> 17.59, refined 17.90 ->
+  17.63; EfficientNet-Lite0 9.52 -> 9.44 and 9.90 -> 9.79; ResNet-50 within
+  the noise of its runs (39.04 -> 38.46, 38.70 -> 38.71, 39.53 -> 40.70;
+  refined 30.00 -> 30.93, 29.88 -> 29.93, 30.72 -> 32.28, 29.89 -> 29.38).
 - ``pointwise`` (1x1; ResNet-50 1x1, MobileNetV2 expansion): memory-bound.
   With one contiguous blob (``--impls xla,rows``) `rows` and `xla` are within
   noise of each other (ResNet-50 1x1: 2.3-2.8x at 10 %, 1.5-1.7x at 25 %); with
@@ -153,6 +165,7 @@ from dcjax.kernels import rows as _rows
 from dcjax.kernels.tiles import TilePlan
 
 __all__ = [
+    "FEW_CHANNEL_ROWS_MAX_PIXELS",
     "GPU_SMALL_LAYER_FLOPS",
     "LARGE_MAP_PIXELS",
     "SMALL_LAYER_FLOPS",
@@ -168,6 +181,10 @@ SMALL_LAYER_FLOPS = 40e6
 
 #: ...unless ungrouped with at least this many output pixels per image.
 LARGE_MAP_PIXELS = 56 * 56
+
+#: Output pixels per image up to which a spatial layer on few input channels
+#: goes to the row kernel (see above).
+FEW_CHANNEL_ROWS_MAX_PIXELS = 224 * 224
 
 #: Layers with fewer dense FLOPs than this run dense on GPU (see above).
 GPU_SMALL_LAYER_FLOPS = 4e9
@@ -211,10 +228,13 @@ def choose(
 
 
 def rows_pays(p: TilePlan) -> bool:
-    """A spatial layer the row kernel gathers well (`dcjax.kernels.rows`): input
-    pixels long enough for per-tap gathers, or kernel rows contiguous in the
-    input (no horizontal dilation) for per-row gathers."""
-    return p.cin >= _rows.TAP_ROWS_MIN_CIN or p.dilation[1] == 1
+    """A spatial layer the row kernel computes faster than the tile kernel
+    (`dcjax.kernels.rows`): input pixels long enough for per-tap gathers, or
+    kernel rows contiguous in the input (no horizontal dilation) for per-row
+    gathers on a map of at most `FEW_CHANNEL_ROWS_MAX_PIXELS` output pixels."""
+    if p.cin >= _rows.TAP_ROWS_MIN_CIN:
+        return True
+    return p.dilation[1] == 1 and p.ho * p.wo <= FEW_CHANNEL_ROWS_MAX_PIXELS
 
 
 def large_map(p: TilePlan) -> bool:
