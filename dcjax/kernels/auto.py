@@ -24,29 +24,23 @@ other jobs, so minima of interleaved runs were compared), keyed by layer class:
   the former and the new choice, alternating): ResNet-50 1.28/1.33x ->
   1.46/1.41x, with refinement 1.47/1.54x -> 1.74/1.77x, YOLO-tiny 1.52/1.45x
   -> 1.65/1.64x, AlexNet 1.04/1.05x -> 1.07/1.08x, GoogLeNet level. With
-  fewer channels (the RGB stems) also ``rows`` (`rows_pays`), which gathers
-  each kernel row's contiguous values at once: against the tile kernel
-  (``python -m dcjax.kernels.bench --layers
-  resnet50_stem,alexnet_conv1,enet_stem --fractions 0.05,0.1,0.2,0.3,0.5
-  --impls xla,rows``, medians of 30 interleaved calls) ResNet-50's 7x7/2 stem
-  0.46-1.39 against 0.59-2.02 ms from 5 to 50 % dirty pixels, AlexNet's
-  11x11/4 conv1 0.36-1.50 against 0.50-1.62 (level at 10 %),
-  EfficientNet-Lite0's 3x3/2 stem 0.25-0.43 against 0.30-0.50; VGG-16's
-  conv1_1 and SqueezeNet's conv1 faster too. Not on maps larger than
-  `FEW_CHANNEL_ROWS_MAX_PIXELS` (224x224): the row kernel lists dirty pixels,
-  the tile kernel dirty tiles, and on YOLO-tiny's 448x448 conv0 (3 -> 16
-  channels, 200704 output pixels) ``xla`` was ahead at low fractions (0.89
-  against 1.27 ms at 2 % dirty pixels, 1.34 against 1.44 at 5 %) and level at
-  10-20 %; end to end, YOLO-tiny's cached step over vtest was 1.2-1.7 %
-  slower with ``rows`` there (two A/Bs of 40 frames). A horizontally dilated
-  kernel on few channels, whose kernel rows are not contiguous, stays with
-  ``xla`` as well. End to end, each model's former choice (``xla``) against
-  ``rows`` on its stem in one process (vtest, 40-60 frames interleaved):
-  AlexNet's cached step 16.63 -> 16.49 and 17.25 -> 16.97 ms, refined 12.85
-  -> 12.29 and 13.03 -> 12.08; GoogLeNet 17.92 -> 17.59, refined 17.90 ->
-  17.63; EfficientNet-Lite0 9.52 -> 9.44 and 9.90 -> 9.79; ResNet-50 within
-  the noise of its runs (39.04 -> 38.46, 38.70 -> 38.71, 39.53 -> 40.70;
-  refined 30.00 -> 30.93, 29.88 -> 29.93, 30.72 -> 32.28, 29.89 -> 29.38).
+  fewer channels (AlexNet's conv1 on RGB) ``xla``, the tile kernel: 2.7-4.3x
+  faster than dense at 10 % dirty pixels, 1.65-2.3x at 25 %. The row kernel,
+  gathering each kernel row's contiguous values at once (`rows._segments`),
+  is faster still on these RGB stems (``python -m dcjax.kernels.bench
+  --layers resnet50_stem,alexnet_conv1,enet_stem --fractions
+  0.05,0.1,0.2,0.3,0.5 --impls xla,rows``: ResNet-50's 7x7/2 stem 0.46-1.39
+  against 0.59-2.02 ms, AlexNet's conv1 0.36-1.50 against 0.50-1.62,
+  EfficientNet-Lite0's stem 0.25-0.43 against 0.30-0.50), but it reuses every
+  reusable pixel where the tile kernel recomputes whole dirty tiles, and
+  matched stem pixels are approximate (the matcher's PSNR test). End to end
+  over vtest, stems on ``rows`` against ``xla`` (interleaved in one process,
+  40-80 frames): the cached steps 1-2 % faster (AlexNet 16.63 -> 16.49 ms,
+  GoogLeNet 17.92 -> 17.59, EfficientNet-Lite0 9.52 -> 9.44, ResNet-50 within
+  noise) for more error: relative output MSE 1.8e-4 -> 2.9e-4 on AlexNet,
+  3.7e-6 -> 4.8e-6 on ResNet-50, and the pretrained EfficientNet-Lite0's top-1
+  agreement over the demo's 80 frames 93.8 -> 86.2 %. So the stems stay on
+  the tile kernel; with refinement's scattered masks they go to ``rows``.
 - ``pointwise`` (1x1; ResNet-50 1x1, MobileNetV2 expansion): memory-bound.
   With one contiguous blob (``--impls xla,rows``) `rows` and `xla` are within
   noise of each other (ResNet-50 1x1: 2.3-2.8x at 10 %, 1.5-1.7x at 25 %); with
@@ -165,7 +159,6 @@ from dcjax.kernels import rows as _rows
 from dcjax.kernels.tiles import TilePlan
 
 __all__ = [
-    "FEW_CHANNEL_ROWS_MAX_PIXELS",
     "GPU_SMALL_LAYER_FLOPS",
     "LARGE_MAP_PIXELS",
     "SMALL_LAYER_FLOPS",
@@ -181,10 +174,6 @@ SMALL_LAYER_FLOPS = 40e6
 
 #: ...unless ungrouped with at least this many output pixels per image.
 LARGE_MAP_PIXELS = 56 * 56
-
-#: Output pixels per image up to which a spatial layer on few input channels
-#: goes to the row kernel (see above).
-FEW_CHANNEL_ROWS_MAX_PIXELS = 224 * 224
 
 #: Layers with fewer dense FLOPs than this run dense on GPU (see above).
 GPU_SMALL_LAYER_FLOPS = 4e9
@@ -228,13 +217,9 @@ def choose(
 
 
 def rows_pays(p: TilePlan) -> bool:
-    """A spatial layer the row kernel computes faster than the tile kernel
-    (`dcjax.kernels.rows`): input pixels long enough for per-tap gathers, or
-    kernel rows contiguous in the input (no horizontal dilation) for per-row
-    gathers on a map of at most `FEW_CHANNEL_ROWS_MAX_PIXELS` output pixels."""
-    if p.cin >= _rows.TAP_ROWS_MIN_CIN:
-        return True
-    return p.dilation[1] == 1 and p.ho * p.wo <= FEW_CHANNEL_ROWS_MAX_PIXELS
+    """A spatial layer whose input pixels are long enough rows for the row kernel's
+    per-tap gathers (`dcjax.kernels.rows`)."""
+    return p.cin >= _rows.TAP_ROWS_MIN_CIN
 
 
 def large_map(p: TilePlan) -> bool:
