@@ -292,6 +292,8 @@ def _short_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def _per_layer_text(record: dict[str, Any], limit: int | None = None) -> str:
+    from dcjax.eval.report import computed_cell
+
     layers = record["per_layer"]
     total = sum(lay["flops"] for lay in layers) or 1
     rows = []
@@ -302,6 +304,7 @@ def _per_layer_text(record: dict[str, Any], limit: int | None = None) -> str:
             "layer": name,
             "FLOPs": f"{100 * lay['flops'] / total:.1f}%",
             "reuse": f"{100 * lay['reuse_fraction']:.0f}%",
+            **computed_cell(lay),
             "": bar.ljust(20, "."),
         })  # fmt: skip
     return _table(rows)
@@ -396,8 +399,9 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         kinds = f"{len(rec['per_layer']) - n_dense} convolutions"
         if n_dense:  # their reuse: the fraction of weight rows not read
             kinds += f", then {n_dense} fully connected"
-        print(f"\nreuse per layer ({args.method}, {kinds}; "
-              "FLOPs = share of the model's):")  # fmt: skip
+        print(f"\nreuse per layer ({args.method}, {kinds}; FLOPs = share of the model's; "
+              "reuse = what the layer could skip; computed in full = too small or thin "
+              "for a sparse kernel to pay on this backend):")  # fmt: skip
         print(_per_layer_text(rec))
     if pretrained and ev.outputs["nocache"].shape[-1] == 1000:
         labels = models.imagenet_labels()

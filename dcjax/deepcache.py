@@ -147,6 +147,10 @@ class CachedModel:
             updated by the rows of their weights whose input changed.
         epilogues: per layer, the primitives of the elementwise chain cached
             with it (`Config.fuse_epilogues`); empty where none is.
+        keeps_cache: per layer, whether its kernel reuses a cache (False: the
+            layer is computed in full on every frame and keeps no state, as
+            small and thin layers on CPU are under ``kernel="auto"``, see
+            `dcjax.kernels.auto`, and every plain layer under ``"dense"``).
         total_flops: FLOPs of a full recompute: convolutions and matrix
             products (fully connected layers, computed on every frame).
         unsupported_primitives: primitives without a mask rule.
@@ -195,7 +199,9 @@ class CachedModel:
             self._semantic.dense = config.psnr_threshold == float("inf")
         # layers computed densely without a select (small layers on CPU under
         # kernel="auto", every plain layer under "dense") keep no cache
-        self._keeps_cache = _layers_reading_cache(self._analysis, len(self.layers), config.kernel)
+        self.keeps_cache: tuple[bool, ...] = _layers_reading_cache(
+            self._analysis, len(self.layers), config.kernel
+        )
         self._refined: tuple[bool, ...] | None = None
         self._dense_refined: tuple[bool, ...] | None = None
         if config.refine is not None:
@@ -215,7 +221,7 @@ class CachedModel:
                         reads_frame=_reads_frame(self._analysis, len(self.layers)),
                         matcher=config.matcher != "none",
                     ),
-                    self._keeps_cache,
+                    self.keeps_cache,
                     strict=True,
                 )
             )
@@ -230,7 +236,7 @@ class CachedModel:
         self.epilogues: tuple[tuple[str, ...], ...] = tuple(
             chain if fused and keep else ()
             for chain, keep in zip(
-                _layer_epilogues(self._analysis, len(self.layers)), self._keeps_cache, strict=True
+                _layer_epilogues(self._analysis, len(self.layers)), self.keeps_cache, strict=True
             )
         )
         self.unsupported_primitives: tuple[str, ...] = tuple(sorted(self._analysis.unsupported))
@@ -269,7 +275,7 @@ class CachedModel:
         """A fresh state: the first step recomputes everything."""
         caches = tuple(
             jnp.zeros(layer.out_shape if keep else (0,), layer.dtype)
-            for layer, keep in zip(self.layers, self._keeps_cache)
+            for layer, keep in zip(self.layers, self.keeps_cache)
         )
         state = CacheState(
             prev_frame=jnp.zeros(self._key_shape, jnp.float32),
@@ -562,6 +568,14 @@ class CachedModel:
             eqn, invals, mask, shifted, self.config.kernel, scattered=scattered, epilogue=epilogue
         )
 
+    @property
+    def sparse(self) -> tuple[bool, ...]:
+        """Per layer the step's infos report on (`layers`, then `dense_layers`),
+        whether it skips work: a convolution that reuses its cache, a fully
+        connected layer that refinement updates by the rows of its changed inputs."""
+        dense = self._dense_refined or (False,) * len(self.dense_layers)
+        return (*self.keeps_cache, *dense)
+
     def _fuses(self, index: int) -> bool:
         """Whether layer ``index`` is cached with its epilogue (`Config.fuse_epilogues`)."""
         return bool(self.epilogues[index])
@@ -779,7 +793,7 @@ class CachedModel:
             """(output, reusable fraction, new cache) of one layer."""
             layer = self.layers[index]
             valid = state.layer_valid[index]
-            if self._keeps_cache[index] and skipping_pays():
+            if self.keeps_cache[index] and skipping_pays():
                 # A conditional materialises the layer's mask once. Otherwise
                 # XLA:CPU fuses the chain of mask propagation behind it (the
                 # AND-pools of every layer since the last materialised mask)
@@ -794,7 +808,7 @@ class CachedModel:
             else:
                 mask = mask & valid
             fraction = mask.mean(dtype=jnp.float32)
-            if not self._keeps_cache[index]:
+            if not self.keeps_cache[index]:
                 return kernels.dense_conv_eqn(eqn, invals), fraction, state.caches[index]
             dy, dx, _ = ctx.shift(layer.signature)
             shifted = _shift(state.caches[index], dy, dx, layer.signature.axes)

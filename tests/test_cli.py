@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from dcjax import cli, models, video
@@ -108,6 +109,11 @@ def test_demo_writes_report(tmp_path, capsys):
     assert "ideal" in text and "reuse per layer" in text and "Dave" in text
     # PilotNet: five convolutions, then its four fully connected layers
     assert "5 convolutions, then 4 fully connected;" in text and "Dave/fc0" in text
+    # how each layer was computed: on CPU every layer of the tiny PilotNet is too
+    # small for a sparse kernel (`dcjax.kernels.auto`), so all run in full
+    if jax.default_backend() == "cpu":
+        rows = [line for line in text.splitlines() if line.startswith("Dave/")]
+        assert len(rows) == 9 and all(" in full " in row for row in rows), rows
     html = (out_dir / "report.html").read_text()
     for png in ("reuse_masks.png", "timeline.png", "latency_by_method.png", "per_layer.png"):
         assert os.path.exists(out_dir / png), png

@@ -555,10 +555,15 @@ def test_layers_computed_densely_keep_no_cache():
         # the reuse masks (and so the reported savings) do not depend on the kernel
         np.testing.assert_array_equal(info_d["reuse_fraction"], info_s["reuse_fraction"])
     assert all(c.size == 0 for c in state_d.caches)
+    # which layers skip work, as the harness reports it (then the fully connected ones)
+    assert dense.keeps_cache == (False,) * len(dense.layers)
+    assert sparse.keeps_cache == (True,) * len(sparse.layers)
+    assert sparse.sparse == (True,) * len(sparse.layers) + (False,) * len(sparse.dense_layers)
     if jax.default_backend() == "cpu":  # the test models' layers are all under the threshold
         small = _cached("resnet", deepcache.Config(kernel="auto"))
         assert all(lay.flops < auto.SMALL_LAYER_FLOPS for lay in small.layers)
         assert all(c.size == 0 for c in small.init().caches)
+        assert not any(small.sparse)
 
 
 def test_epilogues_are_cached_with_their_layers():

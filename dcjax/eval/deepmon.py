@@ -127,7 +127,11 @@ def _deepmon(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
         method="deepmon",
         init=cached.init,
         step=step,
-        layers=cached_layers(cached),
+        # layers after the first ``first`` never reuse (their masks are all dirty)
+        layers=tuple(
+            dataclasses.replace(lay, sparse=bool(lay.sparse) and i < first)
+            for i, lay in enumerate(cached_layers(cached))
+        ),
         config=config,
         total_flops=int(cached.total_flops),
         cached=cached,

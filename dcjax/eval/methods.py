@@ -86,10 +86,17 @@ DEFAULT_KERNEL = "auto"
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LayerFlops:
-    """One reused convolution: its name (Flax module path) and full-recompute FLOPs."""
+    """One reused convolution: its name (Flax module path) and full-recompute FLOPs.
+
+    ``sparse``: whether the method skips work in this layer (a convolution that
+    reuses its cache, a fully connected layer updated by its changed inputs),
+    False where it computes the layer in full on every frame, None where the
+    method does not say.
+    """
 
     name: str
     flops: int
+    sparse: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -127,8 +134,9 @@ class ModelSpec:
 
     @property
     def layers(self) -> tuple[LayerFlops, ...]:
-        """The model's reused convolutions, then its fully connected layers (`cached_layers`)."""
-        return cached_layers(self.analysis)
+        """The model's reused convolutions, then its fully connected layers (`cached_layers`),
+        with no kernel choice (``sparse`` None)."""
+        return tuple(dataclasses.replace(lay, sparse=None) for lay in cached_layers(self.analysis))
 
     def model_input(self, frame: jax.Array) -> jax.Array:
         """``frame`` as the model's (1, H, W, 3) float input."""
@@ -411,10 +419,11 @@ def transform(spec: ModelSpec, config: Config) -> deepcache.CachedModel:
 
 def cached_layers(cached: deepcache.CachedModel) -> tuple[LayerFlops, ...]:
     """The layers a `CachedModel`'s infos report on: its reused convolutions
-    (``reuse_fraction``), then its fully connected layers (``dense_reuse``)."""
+    (``reuse_fraction``), then its fully connected layers (``dense_reuse``),
+    each marked with whether the model computes it sparsely (`CachedModel.sparse`)."""
     return tuple(
-        LayerFlops(name=lay.name, flops=int(lay.flops))
-        for lay in (*cached.layers, *cached.dense_layers)
+        LayerFlops(name=lay.name, flops=int(lay.flops), sparse=bool(sparse))
+        for lay, sparse in zip((*cached.layers, *cached.dense_layers), cached.sparse, strict=True)
     )
 
 

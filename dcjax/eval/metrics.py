@@ -40,7 +40,11 @@ report rely on it). The definitions:
 - ``per_layer``: per reused convolution, ``name``, ``flops`` and the mean
   ``reuse_fraction`` of its output; for DeepCache's methods then per fully
   connected layer, the mean fraction of its inputs whose weight rows were not
-  read (0 unless refined).
+  read (0 unless refined). ``sparse``: whether the method computes the layer
+  sparsely (False: in full on every frame, as ``kernel="auto"`` does with
+  layers too small or too thin for a sparse kernel to pay; the reuse
+  fraction is then what the layer could have skipped); None where the
+  method does not say.
 - ``config``: the method's full settings.
 """
 
@@ -223,6 +227,7 @@ def make_record(
             "name": lay.name,
             "flops": int(lay.flops),
             "reuse_fraction": float(reuse[:, i].mean()) if reuse.shape[1] else 0.0,
+            "sparse": getattr(lay, "sparse", None),
         }
         for i, lay in enumerate(layers)
     ]
@@ -298,3 +303,5 @@ def check_record(record: Mapping[str, Any], *, rtol: float = 1e-9) -> None:
             raise ValueError(f"dcjax: per_layer entry {layer} lacks keys")
         if not 0 <= layer["reuse_fraction"] <= 1:
             raise ValueError(f"dcjax: per_layer reuse_fraction {layer} outside [0, 1]")
+        if layer.get("sparse") not in (None, True, False):
+            raise ValueError(f"dcjax: per_layer sparse {layer} is not a bool or None")

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from dcjax.eval import plots
 from dcjax.eval import profile as profile_lib
 
-__all__ = ["standard_figures", "summary_rows", "write_report"]
+__all__ = ["computed_cell", "standard_figures", "summary_rows", "write_report"]
 
 _CSS = """
 body { font-family: sans-serif; margin: 2em; max-width: 1200px; }
@@ -89,6 +89,13 @@ def _table(rows: Sequence[Mapping[str, str]], left: Sequence[str] = ()) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def computed_cell(layer: Mapping[str, Any]) -> dict[str, str]:
+    """``{"computed": "sparse" | "in full"}`` for a ``per_layer`` entry that says
+    how its method computed the layer, else ``{}``."""
+    sparse = layer.get("sparse")
+    return {} if sparse is None else {"computed": "sparse" if sparse else "in full"}
+
+
 def _per_layer_table(r: Mapping[str, Any]) -> str:
     total = sum(lay["flops"] for lay in r["per_layer"]) or 1
     rows = [
@@ -98,6 +105,7 @@ def _per_layer_table(r: Mapping[str, Any]) -> str:
             "share": f"{100 * lay['flops'] / total:.1f}%",
             "reuse": f"{100 * lay['reuse_fraction']:.1f}%",
             "computed share": f"{100 * lay['flops'] * (1 - lay['reuse_fraction']) / total:.1f}%",
+            **computed_cell(lay),
             **({"ms": _fmt(lay["ms"], ".2f")} if "ms" in lay else {}),
         }
         for lay in r["per_layer"]

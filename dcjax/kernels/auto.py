@@ -79,19 +79,40 @@ it spends: ``"dense"`` (the fast grouped path included). Measured end to end on
 pretrained EfficientNet-Lite0 over vtest (most of its 49 convolutions are small)
 with ``dcjax bench --models efficientnet_lite0``.
 
-Large maps: FLOPs undercount layers with few channels on a large map, which are
-memory-bound and slow on XLA:CPU (EfficientNet-Lite0's stem, 3x3/2 from 3
-channels to 112x112x32, took 1.2-1.4 ms and its first expansion, 1x1 from 16 to
-96 channels at 112x112, 1.4-1.8 ms of a 14-16 ms frame, at 22 and 39 MFLOPs),
-and these early layers are where the matcher's reuse survives erosion. So an
-ungrouped layer whose output map has at least `LARGE_MAP_PIXELS` pixels
-(56x56) is cached whatever its FLOPs. Measured on pretrained EfficientNet-Lite0
-over vtest (``dcjax bench --models efficientnet_lite0 --methods nocache
-deepcache --frames 40``, ratios within one run): 1.02-1.11x against 0.88-0.92x
-with the FLOP rule alone, which cached only the 7x7 head; caching depthwise
-layers on large maps too gained nothing (1.11x either way) for 4.4 MiB more
-cache; lowering `SMALL_LAYER_FLOPS` to 15e6 instead (caching the 14x14 and 7x7
-layers as well) reached 1.03-1.07x.
+Large maps: FLOPs undercount layers on a large map, which are memory-bound on
+XLA:CPU, and these early layers are where the matcher's reuse survives
+erosion. So an ungrouped layer whose output map has at least
+`LARGE_MAP_PIXELS` pixels (56x56) is cached whatever its FLOPs, provided it
+does enough arithmetic per value the sparse kernel moves (`intensity`: the
+multiply-adds of an output pixel over the values gathered and scattered for
+it, ``kh * kw * Cin`` in and ``Cout`` out, at least `LARGE_MAP_MIN_INTENSITY`).
+When the rule was set, EfficientNet-Lite0's stem (3x3/2 from 3 channels to
+112x112x32, 22 MFLOPs) took 1.2-1.4 ms and its first expansion (1x1 from 16 to
+96 channels at 112x112, 39 MFLOPs) 1.4-1.8 ms of a 14-16 ms frame, and caching
+every such layer took the pretrained model over vtest from 0.88-0.92x to
+1.02-1.11x (``dcjax bench --models efficientnet_lite0 --methods nocache
+deepcache --frames 40``). Since the dense path computes narrow 1x1 layers as
+matrix products, those layers take 0.1-0.5 ms and the sparse kernels no
+longer beat them at the dirty fractions vtest gives them (``python -m
+dcjax.kernels.bench --layers
+resnet50_1x1_64,mbv2_pw_expand,enet_b0_project,enet_b1_expand,enet_stem
+--fractions 0.1,0.2,0.4``, medians of 30 interleaved calls, speedup over dense
+of the faster of ``xla`` and ``rows`` at about 10 / 20 / 40 % dirty pixels):
+EfficientNet-Lite0's first projection (32 -> 16, intensity 10.7) 0.79 / 0.66 /
+0.53x, first expansion (16 -> 96, 13.7) 0.92 / 0.78 / 0.44x, its stem on the
+tile kernel (14.6) 1.07 / 0.89 / 0.84x, MobileNetV2's 24 -> 144 expansion at
+56x56 (20.6) 1.03 / 0.78 / 0.58x, against 1.16 / 1.22 / 0.57x for the
+64 -> 64 1x1 layer at 56x56 of ResNet-50 and GoogLeNet (intensity 32). End
+to end, with EfficientNet-Lite0's thin large-map layers computed densely
+(both rules interleaved frame by frame in one process, 80 frames), its
+cached step's median changed by -0.26, -0.20, -0.05 and +0.44 ms (the last
+in a slow process) against caching them in four runs over vtest and by
+-0.11 ms over box, and its top-1 agreement with the uncached model went from 93.7 to
+100 % over vtest and from 50.6 to 79.7 % over box (features reused from
+nearly equal pixels flip its near-tied top-1: see the README). For the
+64 -> 64 layer, which keeps the exception, dropping it left ResNet-50 level
+(-1.4, +0.2, +1.0 ms) and slowed GoogLeNet by 0.1-1.1 ms in three pairs of
+runs each.
 
 Scattered masks: refinement (`dcjax.transforms.refine`) makes reuse masks
 scattered at pixel level inside the network, where a tile-granular kernel
@@ -161,9 +182,11 @@ from dcjax.kernels.tiles import TilePlan
 __all__ = [
     "GPU_SMALL_LAYER_FLOPS",
     "LARGE_MAP_PIXELS",
+    "LARGE_MAP_MIN_INTENSITY",
     "SMALL_LAYER_FLOPS",
     "TABLE",
     "choose",
+    "intensity",
     "large_map",
     "layer_class",
     "rows_pays",
@@ -172,8 +195,11 @@ __all__ = [
 #: Layers with fewer dense FLOPs than this run dense on CPU (see above)...
 SMALL_LAYER_FLOPS = 40e6
 
-#: ...unless ungrouped with at least this many output pixels per image.
+#: ...unless ungrouped with at least this many output pixels per image...
 LARGE_MAP_PIXELS = 56 * 56
+
+#: ...and at least this `intensity` (multiply-adds per value moved).
+LARGE_MAP_MIN_INTENSITY = 24.0
 
 #: Layers with fewer dense FLOPs than this run dense on GPU (see above).
 GPU_SMALL_LAYER_FLOPS = 4e9
@@ -223,8 +249,23 @@ def rows_pays(p: TilePlan) -> bool:
 
 
 def large_map(p: TilePlan) -> bool:
-    """An ungrouped layer with at least `LARGE_MAP_PIXELS` output pixels per image."""
-    return p.groups == 1 and p.ho * p.wo >= LARGE_MAP_PIXELS
+    """An ungrouped layer with at least `LARGE_MAP_PIXELS` output pixels per image
+    and at least `LARGE_MAP_MIN_INTENSITY` multiply-adds per value moved."""
+    return (
+        p.groups == 1
+        and p.ho * p.wo >= LARGE_MAP_PIXELS
+        and intensity(p) >= LARGE_MAP_MIN_INTENSITY
+    )
+
+
+def intensity(p: TilePlan) -> float:
+    """Multiply-adds of one output pixel over the values a sparse kernel moves for
+    it: its receptive field gathered (``kh * kw * Cin``) and its ``Cout`` values
+    scattered. Thin layers (EfficientNet-Lite0's 1x1 projections, RGB stems with
+    few filters) are memory-bound: skipping a pixel saves little more than moving it.
+    """
+    k = p.kh * p.kw * p.cin
+    return k * p.cout / p.groups / (k + p.cout)
 
 
 def dense_flops(p: TilePlan) -> float:

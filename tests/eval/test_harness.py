@@ -40,6 +40,10 @@ def test_records_are_consistent_with_the_measurements(evaluation, clip):
     ]
     assert layers[-1]["flops"] == 2 * 16 * 10 and layers[-1]["reuse_fraction"] < 1.0
     assert [lay["name"] for lay in base["per_layer"]] == [lay["name"] for lay in layers]
+    # which layers the cached step computes sparsely; the baseline says nothing
+    assert [lay["sparse"] for lay in layers] == list(evaluation.runners["deepcache"].cached.sparse)
+    assert layers[-1]["sparse"] is False  # the head: computed in full without refinement
+    assert all(lay["sparse"] is None for lay in base["per_layer"])
 
 
 def test_outputs_match_nocache_on_identical_frames(spec, clip):

@@ -131,6 +131,11 @@ def test_deepmon_reuses_only_the_first_convs(spec, clip):
     assert runner.config["skip_unchanged"] is False
     assert runner.config["matcher"] == "histogram"
     assert runner.config["cached_layers"] == [runner.layers[0].name]
+    # only that layer is reported as computed sparsely, though every layer keeps a
+    # cache under the tile kernel
+    tiles = make_runner(spec, "deepmon", {"first_convs": 1, "kernel": "xla"})
+    assert all(tiles.cached.keeps_cache)
+    assert [lay.sparse for lay in tiles.layers] == [True] + [False] * (len(tiles.layers) - 1)
 
 
 def test_deepmon_default_policy(spec):

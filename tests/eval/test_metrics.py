@@ -12,7 +12,10 @@ from dcjax.eval import metrics
 
 
 def _record(**overrides):
-    layers = [SimpleNamespace(name="a", flops=300), SimpleNamespace(name="b", flops=100)]
+    layers = [
+        SimpleNamespace(name="a", flops=300, sparse=True),
+        SimpleNamespace(name="b", flops=100),  # a method that does not say
+    ]
     ref = np.array([[[0.0, 1.0, 0.5]], [[2.0, 1.0, 0.0]], [[0.0, 0.0, 3.0]], [[1, 0, 0]]])
     out = ref.copy()
     out[3] = [[0.0, 0.2, 0.1]]  # top-1 changes on one frame of four
@@ -50,6 +53,7 @@ def test_record_values():
     assert r["refreshes"] == 1
     assert r["cache_bytes"] == 1234
     assert [lay["reuse_fraction"] for lay in r["per_layer"]] == [0.625, 0.25]
+    assert [lay["sparse"] for lay in r["per_layer"]] == [True, None]  # None: not said
     assert r["output_mse"] == pytest.approx(np.mean(np.square([1, 0.2, 0.1])) / 4)
 
 
@@ -86,6 +90,13 @@ def test_check_record_catches_inconsistency(key, value, match):
     r = _record()
     r[key] = value
     with pytest.raises(ValueError, match=match):
+        metrics.check_record(r)
+
+
+def test_check_record_catches_a_per_layer_sparse_flag_that_is_not_a_bool():
+    r = _record()
+    r["per_layer"][1]["sparse"] = "yes"
+    with pytest.raises(ValueError, match="sparse"):
         metrics.check_record(r)
 
 

@@ -148,14 +148,25 @@ def test_auto_runs_small_layers_dense_on_cpu() -> None:
     assert auto.choose(grouped, "cpu")[0] == "rows"  # AlexNet's conv2: 2 groups of 48 channels
     assert auto.choose(depthwise, "cpu", scattered=True)[0] != "rows"  # rows too short to gather
     assert auto.dense_flops(depthwise) < auto.SMALL_LAYER_FLOPS
-    # few FLOPs on a large map (EfficientNet-Lite0's first expansion): cached, but
-    # a depthwise layer on the same map stays dense
+    # few FLOPs on a large map: cached when the layer does enough arithmetic per value
+    # the sparse kernel moves (ResNet-50's and GoogLeNet's 64 -> 64 1x1 layer)...
+    wide = plan((1, 56, 56, 64), (1, 1, 64, 64), strides=(1, 1), padding="SAME")
+    # ...not when it is thin (EfficientNet-Lite0's stem, first projection and
+    # expansion, MobileNetV2's 24 -> 144 expansion), nor depthwise
+    stem = plan((1, 225, 225, 3), (3, 3, 3, 32), strides=(2, 2), padding="VALID")
+    project = plan((1, 112, 112, 32), (1, 1, 32, 16), strides=(1, 1), padding="SAME")
     expand = plan((1, 112, 112, 16), (1, 1, 16, 96), strides=(1, 1), padding="SAME")
+    expand56 = plan((1, 56, 56, 24), (1, 1, 24, 144), strides=(1, 1), padding="SAME")
     wide_dw = plan((1, 112, 112, 96), (3, 3, 1, 96), strides=(1, 1), padding="SAME", groups=96)
-    for p in (expand, wide_dw):
+    for p in (wide, stem, project, expand, expand56, wide_dw):
         assert auto.dense_flops(p) < auto.SMALL_LAYER_FLOPS and p.ho * p.wo >= auto.LARGE_MAP_PIXELS
-    assert auto.choose(expand, "cpu")[0] == "rows"
-    assert auto.choose(wide_dw, "cpu") == ("dense", None)
+    assert auto.intensity(wide) == 32.0
+    assert auto.intensity(project) == pytest.approx(32 * 16 / 48)
+    assert auto.intensity(stem) == pytest.approx(27 * 32 / 59)
+    assert auto.choose(wide, "cpu")[0] == "rows"
+    for p in (stem, project, expand, expand56, wide_dw):
+        assert auto.intensity(p) < auto.LARGE_MAP_MIN_INTENSITY or p.groups > 1
+        assert auto.choose(p, "cpu") == ("dense", None)
     narrow = plan((1, 55, 56, 16), (1, 1, 16, 96), strides=(1, 1), padding="SAME")
     assert auto.choose(narrow, "cpu") == ("dense", None)
 

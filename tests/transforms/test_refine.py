@@ -295,7 +295,7 @@ def test_layers_computed_densely_are_not_refined(kernel):
     """No cache, nothing to reuse: such layers keep no reference and pay no test."""
     # the network runs on every frame: the dense layers compute each one afresh
     cached = _transform(RefineConfig(delta=0.5, layers="all"), kernel=kernel, skip_unchanged=False)
-    assert jax.default_backend() != "cpu" or kernel == "dense" or not any(cached._keeps_cache)
+    assert jax.default_backend() != "cpu" or kernel == "dense" or not any(cached.keeps_cache)
     state = cached.init()
     assert all(r is None for r in state.refs)
     frames = _photo_stream(3, 0.0, 0.01)
