@@ -292,19 +292,19 @@ def _short_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def _per_layer_text(record: dict[str, Any], limit: int | None = None) -> str:
-    from dcjax.eval.report import computed_cell
+    from dcjax.eval.report import computed_cells
 
     layers = record["per_layer"]
     total = sum(lay["flops"] for lay in layers) or 1
     rows = []
-    for lay in layers[:limit]:
+    for lay, cell in list(zip(layers, computed_cells(layers), strict=True))[:limit]:
         bar = "#" * round(20 * lay["reuse_fraction"])
         name = lay["name"] if len(lay["name"]) <= 34 else "…" + lay["name"][-33:]
         rows.append({
             "layer": name,
             "FLOPs": f"{100 * lay['flops'] / total:.1f}%",
             "reuse": f"{100 * lay['reuse_fraction']:.0f}%",
-            **computed_cell(lay),
+            **cell,
             "": bar.ljust(20, "."),
         })  # fmt: skip
     return _table(rows)
@@ -399,9 +399,10 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         kinds = f"{len(rec['per_layer']) - n_dense} convolutions"
         if n_dense:  # their reuse: the fraction of weight rows not read
             kinds += f", then {n_dense} fully connected"
-        print(f"\nreuse per layer ({args.method}, {kinds}; FLOPs = share of the model's; "
-              "reuse = what the layer could skip; computed in full = too small or thin "
-              "for a sparse kernel to pay on this backend):")  # fmt: skip
+        computed = any(lay.get("sparse") is not None for lay in rec["per_layer"])
+        print(f"\nreuse per layer ({args.method}, {kinds}; FLOPs = share of the model's"
+              + ("; computed: sparse, skipping what it reuses, or in full on every frame"
+                 if computed else "") + "):")  # fmt: skip
         print(_per_layer_text(rec))
     if pretrained and ev.outputs["nocache"].shape[-1] == 1000:
         labels = models.imagenet_labels()

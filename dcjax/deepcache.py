@@ -202,6 +202,8 @@ class CachedModel:
         self.keeps_cache: tuple[bool, ...] = _layers_reading_cache(
             self._analysis, len(self.layers), config.kernel
         )
+        if self._semantic is not None and self._semantic.dense:
+            self.keeps_cache = (False,) * len(self.layers)
         self._refined: tuple[bool, ...] | None = None
         self._dense_refined: tuple[bool, ...] | None = None
         if config.refine is not None:
@@ -271,6 +273,16 @@ class CachedModel:
         """How many times the step has been traced (compiled) so far."""
         return self._trace_count
 
+    @property
+    def sparse(self) -> tuple[bool, ...]:
+        """Per layer the step's infos report on (`layers`, then `dense_layers`),
+        whether it can skip work: a convolution that reuses its cache (not with
+        ``psnr_threshold=inf`` unless refinement reuses inside the network), a
+        fully connected layer that refinement updates by its changed inputs."""
+        never = self.config.psnr_threshold == float("inf") and self._refined is None
+        convs = (False,) * len(self.layers) if never else self.keeps_cache
+        return (*convs, *(self._dense_refined or (False,) * len(self.dense_layers)))
+
     def init(self) -> CacheState:
         """A fresh state: the first step recomputes everything."""
         caches = tuple(
@@ -288,9 +300,6 @@ class CachedModel:
         )
         if self._semantic is not None:
             state = dataclasses.replace(state, semantic=self._semantic.memory)
-            if self._semantic.dense:
-                empty = tuple(jnp.zeros((0,), layer.dtype) for layer in self.layers)
-                state = dataclasses.replace(state, caches=empty)
         if self._refined is not None:
             refs = tuple(
                 jnp.zeros(layer.in_shape, jnp.float32) if on and owner == layer.index else None
@@ -567,14 +576,6 @@ class CachedModel:
         return kernels.masked_conv_eqn(
             eqn, invals, mask, shifted, self.config.kernel, scattered=scattered, epilogue=epilogue
         )
-
-    @property
-    def sparse(self) -> tuple[bool, ...]:
-        """Per layer the step's infos report on (`layers`, then `dense_layers`),
-        whether it skips work: a convolution that reuses its cache, a fully
-        connected layer that refinement updates by the rows of its changed inputs."""
-        dense = self._dense_refined or (False,) * len(self.dense_layers)
-        return (*self.keeps_cache, *dense)
 
     def _fuses(self, index: int) -> bool:
         """Whether layer ``index`` is cached with its epilogue (`Config.fuse_epilogues`)."""

@@ -159,6 +159,10 @@ def _median_or_none(values: np.ndarray) -> float | None:
     return float(np.median(values)) if len(values) else None
 
 
+def _bool_or_none(value: Any) -> bool | None:
+    return None if value is None else bool(value)
+
+
 def _finite_or_none(x: float | None) -> float | None:
     if x is None or not math.isfinite(x):
         return None
@@ -227,7 +231,7 @@ def make_record(
             "name": lay.name,
             "flops": int(lay.flops),
             "reuse_fraction": float(reuse[:, i].mean()) if reuse.shape[1] else 0.0,
-            "sparse": getattr(lay, "sparse", None),
+            "sparse": _bool_or_none(getattr(lay, "sparse", None)),
         }
         for i, lay in enumerate(layers)
     ]
@@ -299,9 +303,9 @@ def check_record(record: Mapping[str, Any], *, rtol: float = 1e-9) -> None:
     if not 0 <= record["refreshes"] <= record["frames"]:
         raise ValueError(f"dcjax: refreshes {record['refreshes']} not in [0, frames]")
     for layer in record["per_layer"]:
-        if set(layer) < {"name", "flops", "reuse_fraction"}:
+        if not {"name", "flops", "reuse_fraction"} <= set(layer):
             raise ValueError(f"dcjax: per_layer entry {layer} lacks keys")
         if not 0 <= layer["reuse_fraction"] <= 1:
             raise ValueError(f"dcjax: per_layer reuse_fraction {layer} outside [0, 1]")
-        if layer.get("sparse") not in (None, True, False):
+        if layer.get("sparse") is not None and not isinstance(layer["sparse"], bool):
             raise ValueError(f"dcjax: per_layer sparse {layer} is not a bool or None")

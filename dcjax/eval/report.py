@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from dcjax.eval import plots
 from dcjax.eval import profile as profile_lib
 
-__all__ = ["computed_cell", "standard_figures", "summary_rows", "write_report"]
+__all__ = ["computed_cells", "standard_figures", "summary_rows", "write_report"]
 
 _CSS = """
 body { font-family: sans-serif; margin: 2em; max-width: 1200px; }
@@ -89,11 +89,22 @@ def _table(rows: Sequence[Mapping[str, str]], left: Sequence[str] = ()) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def computed_cell(layer: Mapping[str, Any]) -> dict[str, str]:
-    """``{"computed": "sparse" | "in full"}`` for a ``per_layer`` entry that says
-    how its method computed the layer, else ``{}``."""
-    sparse = layer.get("sparse")
-    return {} if sparse is None else {"computed": "sparse" if sparse else "in full"}
+def computed_cells(layers: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """Per ``per_layer`` entry its ``computed`` cell: "sparse" (skipping what it
+    can reuse), "in full" (every frame) or "–" where its method does not say;
+    no cell at all when no entry says."""
+    if all(lay.get("sparse") is None for lay in layers):
+        return [{} for _ in layers]
+    return [{"computed": _COMPUTED[lay.get("sparse")]} for lay in layers]
+
+
+_COMPUTED = {True: "sparse", False: "in full", None: "–"}
+
+
+def _computed_fraction(layer: Mapping[str, Any]) -> float:
+    """What of a layer its method computed: all of it when computed in full,
+    else what it could not reuse."""
+    return 1.0 if layer.get("sparse") is False else 1.0 - layer["reuse_fraction"]
 
 
 def _per_layer_table(r: Mapping[str, Any]) -> str:
@@ -104,11 +115,11 @@ def _per_layer_table(r: Mapping[str, Any]) -> str:
             "GFLOPs": f"{lay['flops'] / 1e9:.3f}",
             "share": f"{100 * lay['flops'] / total:.1f}%",
             "reuse": f"{100 * lay['reuse_fraction']:.1f}%",
-            "computed share": f"{100 * lay['flops'] * (1 - lay['reuse_fraction']) / total:.1f}%",
-            **computed_cell(lay),
+            "computed share": f"{100 * lay['flops'] * _computed_fraction(lay) / total:.1f}%",
+            **cell,
             **({"ms": _fmt(lay["ms"], ".2f")} if "ms" in lay else {}),
         }
-        for lay in r["per_layer"]
+        for lay, cell in zip(r["per_layer"], computed_cells(r["per_layer"]), strict=True)
     ]
     return _table(rows, left=("layer",))
 

@@ -257,3 +257,18 @@ def test_refinement_methods_reuse_identical_frames_exactly(spec, clip, method):
     if method == "delta":
         assert runner.config["matcher"] == "none"
         assert float(infos[-1]["input_reuse"]) == 0.0  # reuse came from the change test alone
+
+
+def test_runners_say_which_layers_they_compute_sparsely(spec):
+    n_conv = len(spec.analysis.layers)
+    tiles = make_runner(spec, "deepcache", {"kernel": "xla"})
+    assert [lay.sparse for lay in tiles.layers] == [True] * n_conv + [False] * (
+        len(tiles.layers) - n_conv
+    )  # the fully connected head is computed in full without refinement
+    refined = make_runner(spec, "deepcache+refine", {"kernel": "xla", "layers": "all"})
+    assert all(lay.sparse for lay in refined.layers)  # refinement updates the head by rows
+    dense = make_runner(spec, "deepcache", {"kernel": "dense"})
+    assert not any(lay.sparse for lay in dense.layers)
+    never = make_runner(spec, "deepcache", {"kernel": "xla", "psnr_threshold": float("inf")})
+    assert all(never.cached.keeps_cache) and not any(lay.sparse for lay in never.layers)
+    assert all(lay.sparse is None for lay in make_runner(spec, "nocache").layers)

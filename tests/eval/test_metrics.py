@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -93,10 +94,30 @@ def test_check_record_catches_inconsistency(key, value, match):
         metrics.check_record(r)
 
 
-def test_check_record_catches_a_per_layer_sparse_flag_that_is_not_a_bool():
+@pytest.mark.parametrize("flag", ["yes", 1, 0.0])
+def test_check_record_catches_a_per_layer_sparse_flag_that_is_not_a_bool(flag):
     r = _record()
-    r["per_layer"][1]["sparse"] = "yes"
+    r["per_layer"][1]["sparse"] = flag
     with pytest.raises(ValueError, match="sparse"):
+        metrics.check_record(r)
+
+
+def test_per_layer_sparse_flags_become_json_bools():
+    layers = [SimpleNamespace(name="a", flops=300, sparse=np.bool_(True)),
+              SimpleNamespace(name="b", flops=100, sparse=np.bool_(False))]  # fmt: skip
+    r = _record(layers=layers)
+    metrics.check_record(r)
+    assert json.loads(json.dumps(r["per_layer"])) == [
+        {"name": "a", "flops": 300, "reuse_fraction": 0.625, "sparse": True},
+        {"name": "b", "flops": 100, "reuse_fraction": 0.25, "sparse": False},
+    ]
+
+
+@pytest.mark.parametrize("key", ["name", "flops", "reuse_fraction"])
+def test_check_record_catches_a_per_layer_entry_without_a_key(key):
+    r = _record()
+    del r["per_layer"][0][key]
+    with pytest.raises(ValueError, match="lacks keys"):
         metrics.check_record(r)
 
 

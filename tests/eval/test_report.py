@@ -106,3 +106,25 @@ def test_zoo_table_lists_the_zoo():
     assert [r["name"] for r in rows] == list(models.names())
     alex = next(r for r in rows if r["name"] == "alexnet")
     assert alex["convs"] == 5 and 1.0e9 < alex["conv_flops"] < 1.5e9
+
+
+def test_per_layer_table_says_how_each_layer_was_computed():
+    layers = [
+        {"name": "a", "flops": 300, "reuse_fraction": 0.5, "sparse": True},
+        {"name": "b", "flops": 100, "reuse_fraction": 0.5, "sparse": False},
+        {"name": "c", "flops": 100, "reuse_fraction": 0.5, "sparse": None},
+    ]
+    html = report._per_layer_table({"per_layer": layers})
+    rows = re.findall(r"<tr>(.*?)</tr>", html)
+    cells = [re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row) for row in rows]
+    head = cells[0]
+    assert "computed" in head
+    col, share = head.index("computed"), head.index("computed share")
+    by_name = {row[0]: row for row in cells[1:]}
+    assert [by_name[n][col] for n in "abc"] == ["sparse", "in full", "–"]
+    # a layer computed in full computes its whole share, not what it could have reused
+    assert [by_name[n][share] for n in "abc"] == ["30.0%", "20.0%", "10.0%"]
+    # no column at all where no layer says (the baseline's records)
+    plain = [{k: v for k, v in lay.items() if k != "sparse"} for lay in layers]
+    assert ">computed<" not in report._per_layer_table({"per_layer": plain})
+    assert report.computed_cells(plain) == [{}, {}, {}]
