@@ -150,7 +150,8 @@ class CachedModel:
         keeps_cache: per layer, whether its kernel reuses a cache (False: the
             layer is computed in full on every frame and keeps no state, as
             small and thin layers on CPU are under ``kernel="auto"``, see
-            `dcjax.kernels.auto`, and every plain layer under ``"dense"``).
+            `dcjax.kernels.auto`, every plain layer under ``"dense"``, and
+            every layer with semantic exits that never reuse).
         total_flops: FLOPs of a full recompute: convolutions and matrix
             products (fully connected layers, computed on every frame).
         unsupported_primitives: primitives without a mask rule.
@@ -198,7 +199,8 @@ class CachedModel:
             # never reusing: the exits keep no caches (nothing to carry through them)
             self._semantic.dense = config.psnr_threshold == float("inf")
         # layers computed densely without a select (small layers on CPU under
-        # kernel="auto", every plain layer under "dense") keep no cache
+        # kernel="auto", every plain layer under "dense", every layer when
+        # semantic exits never reuse) keep no cache
         self.keeps_cache: tuple[bool, ...] = _layers_reading_cache(
             self._analysis, len(self.layers), config.kernel
         )
