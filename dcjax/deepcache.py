@@ -790,10 +790,10 @@ class CachedModel:
         a (D,) array over the fully connected layers.
         """
         caches = list(state.caches)
-        fractions = [jnp.float32(0.0)] * len(self.layers)
+        masks: list[Any] = [False] * len(self.layers)
 
         def reuse_value(index, eqn, invals, mask, epilogue=None):
-            """(output, reusable fraction, new cache) of one layer."""
+            """(output, reuse mask, new cache) of one layer."""
             layer = self.layers[index]
             valid = state.layer_valid[index]
             if self.keeps_cache[index] and skipping_pays():
@@ -810,17 +810,20 @@ class CachedModel:
                 mask = lax.cond(valid, lambda m: m, jnp.zeros_like, mask)
             else:
                 mask = mask & valid
-            fraction = mask.mean(dtype=jnp.float32)
             if not self.keeps_cache[index]:
-                return kernels.dense_conv_eqn(eqn, invals), fraction, state.caches[index]
+                return kernels.dense_conv_eqn(eqn, invals), mask, state.caches[index]
             dy, dx, _ = ctx.shift(layer.signature)
             shifted = _shift(state.caches[index], dy, dx, layer.signature.axes)
             out = self._reuse_layer(index, eqn, invals, mask, shifted, epilogue)
-            return out, fraction, out
+            return out, mask, out
 
         def reuse(index, eqn, invals, mask, epilogue=None):
-            out, fractions[index], caches[index] = reuse_value(index, eqn, invals, mask, epilogue)
+            out, masks[index], caches[index] = reuse_value(index, eqn, invals, mask, epilogue)
             return out
+
+        def reuse_fraction_value(index, eqn, invals, mask):
+            out, mask, cache = reuse_value(index, eqn, invals, mask)
+            return out, jnp.mean(mask, dtype=jnp.float32), cache
 
         refs, ref_scale, refine_fn = self._refiner(state, ctx, refresh)
         dense, dense_fractions, dense_fn = self._dense_refiner(state, refresh)
@@ -833,12 +836,13 @@ class CachedModel:
                 self._analysis, [*leaves, x[None]], [True] * n + [r0], ctx, reuse,
                 refine=refine_fn, fuse=fuse, dense=dense_fn,
             )  # fmt: skip
+            reuse_fraction = _mean_of_masks(masks)
         else:  # early exits: the rest of the network inside nested lax.cond
             outs, caches, fractions, layer_valid, semantic, semantic_info = self._semantic.step(
-                state.semantic, [*leaves, x[None]], [True] * n + [r0], ctx, reuse_value,
-                state.caches, finite,
+                state.semantic, [*leaves, x[None]], [True] * n + [r0], ctx,
+                reuse_fraction_value, state.caches, finite,
             )  # fmt: skip
-        reuse_fraction = jnp.stack(fractions) if fractions else jnp.zeros((0,), jnp.float32)
+            reuse_fraction = jnp.stack(fractions) if fractions else jnp.zeros((0,), jnp.float32)
         ref_scale = jnp.stack(ref_scale) if ref_scale else state.ref_scale
         dense_reuse = (
             jnp.stack(dense_fractions) if dense_fractions else jnp.zeros((0,), jnp.float32)
@@ -856,6 +860,32 @@ class CachedModel:
 
         state, (outs, infos) = lax.scan(body, state, (frames, matches))
         return outs, state, infos
+
+
+def _mean_of_masks(masks: Sequence[Any]) -> jax.Array:
+    """The fraction of ``True`` in each mask, as an (L,) float32 array.
+
+    Masks of one shape are stacked and reduced together: one reduction per
+    map size rather than one per layer, each a fixed cost on CPU. On
+    EfficientNet-Lite0 (49 layers) the step's fusions went 585 -> 555, and
+    its frames over vtest 0.11-0.21 ms faster in four interleaved runs of 80
+    frames (~1.5 %, near the noise).
+    """
+    out = [jnp.float32(0.0)] * len(masks)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, m in enumerate(masks):
+        groups.setdefault(jnp.shape(m), []).append(i)
+    for shape, members in groups.items():
+        if not shape:
+            for i in members:
+                out[i] = jnp.asarray(masks[i], jnp.float32)
+            continue
+        means = jnp.stack([masks[i] for i in members]).mean(
+            axis=tuple(range(1, len(shape) + 1)), dtype=jnp.float32
+        )
+        for j, i in enumerate(members):
+            out[i] = means[j]
+    return jnp.stack(out) if out else jnp.zeros((0,), jnp.float32)
 
 
 def _refined_product(eqn, lhs, w, x_ref, y_ref, old_scale, delta, refresh):

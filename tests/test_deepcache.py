@@ -827,3 +827,25 @@ def test_convolutions_with_an_explicit_precision_are_reused_at_that_precision():
     for f in (frame, frame):
         out, state, _ = cached.step(state, f)
         _close(out, ref(f))
+
+
+def test_reuse_fractions_of_masks_grouped_by_shape_keep_layer_order():
+    """Per-layer fractions are reduced one map size at a time, then put back in
+    layer order; static masks (Python bools) count as all or nothing."""
+    rng = np.random.default_rng(0)
+    masks = [
+        rng.random((6, 5)) < 0.3,
+        rng.random((3, 4)) < 0.5,
+        True,
+        rng.random((6, 5)) < 0.8,
+        jnp.asarray(rng.random((3, 4)) < 0.1),
+        False,
+        rng.random((6, 5)) < 0.0,
+    ]
+    got = np.asarray(
+        deepcache._mean_of_masks([m if isinstance(m, bool) else jnp.asarray(m) for m in masks])
+    )
+    want = [float(np.mean(m)) for m in masks]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-7)
+    assert got.dtype == np.float32 and got.shape == (7,)
+    assert deepcache._mean_of_masks([]).shape == (0,)
