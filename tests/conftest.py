@@ -5,8 +5,9 @@ backend compiles them with LLVM at ``-O0`` (``--xla_backend_optimization_level=0
 which cut the suite's wall time by about a third on a 2-core machine. XLA's
 own HLO passes (fusion, layout, simplification) still run, so every test sees
 the computation the library builds; only the machine code is less optimised.
-Benchmarks and the demo run at the default level. Setting ``XLA_FLAGS`` with a
-level of one's own keeps it.
+Benchmarks and the demo run at the default level, and
+``tests/test_default_codegen.py`` runs a few exactness tests again there.
+Setting ``XLA_FLAGS`` with a level of one's own keeps it.
 """
 
 import os
