@@ -42,6 +42,8 @@ gpu-check: $(STAMP)
 	$(MAKE) gpu-run GPU_PY=$(PY)
 
 gpu-run:
+	# the GPU check tests the code XLA generates by default (the suite's conftest would pick -O0)
+	XLA_FLAGS="--xla_backend_optimization_level=3 $${XLA_FLAGS:-}" \
 	JAX_DEFAULT_MATMUL_PRECISION=highest PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q \
 		tests/kernels/test_pallas.py tests/kernels/test_api.py tests/test_deepcache.py \
 		tests/transforms/test_refine.py -k "$(GPU_TESTS)"
