@@ -544,7 +544,7 @@ def test_layers_computed_densely_keep_no_cache():
     dense = _cached("resnet", deepcache.Config(kernel="dense"))
     sparse = _cached("resnet", deepcache.Config(kernel="xla"))
     state_d, state_s = dense.init(), sparse.init()
-    assert all(c.size == 0 for c in state_d.caches)
+    assert all(c is None for c in state_d.caches)
     assert [c.shape for c in state_s.caches] == [lay.out_shape for lay in sparse.layers]
     frames = [_photo(SIZE, 7), _photo(SIZE, 7), _photo(SIZE, 8)]
     for f in frames:
@@ -554,7 +554,7 @@ def test_layers_computed_densely_keep_no_cache():
         _close(out_s, ref(f))
         # the reuse masks (and so the reported savings) do not depend on the kernel
         np.testing.assert_array_equal(info_d["reuse_fraction"], info_s["reuse_fraction"])
-    assert all(c.size == 0 for c in state_d.caches)
+    assert all(c is None for c in state_d.caches)
     # which layers skip work, as the harness reports it (then the fully connected ones)
     assert dense.keeps_cache == (False,) * len(dense.layers)
     assert sparse.keeps_cache == (True,) * len(sparse.layers)
@@ -562,7 +562,7 @@ def test_layers_computed_densely_keep_no_cache():
     if jax.default_backend() == "cpu":  # the test models' layers are all under the threshold
         small = _cached("resnet", deepcache.Config(kernel="auto"))
         assert all(lay.flops < auto.SMALL_LAYER_FLOPS for lay in small.layers)
-        assert all(c.size == 0 for c in small.init().caches)
+        assert all(c is None for c in small.init().caches)
         assert not any(small.sparse)
 
 
@@ -756,7 +756,7 @@ def test_step_lowers_for_gpu_with_pallas_kernels_and_epilogues(name, monkeypatch
     # "auto" computes these small layers densely on GPU: no kernel, no cache
     auto = deepcache.transform(module, variables, frame_shape=shape)
     assert lowered(auto).count("xla.gpu.triton") == 0
-    assert all(c.size == 0 for c in auto.init().caches)
+    assert all(c is None for c in auto.init().caches)
 
 
 def test_auto_on_gpu_runs_the_dense_network_and_skips_still_frames(monkeypatch):
@@ -768,7 +768,7 @@ def test_auto_on_gpu_runs_the_dense_network_and_skips_still_frames(monkeypatch):
     module, variables, ref = _model("resnet")
     cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3))
     state = cached.init()
-    assert cached.layers and all(c.size == 0 for c in state.caches)
+    assert cached.layers and all(c is None for c in state.caches)
     a = _photo(SIZE, 0)
     b, _ = _translate(a, 2, 1)
     outs, skipped = [], []
