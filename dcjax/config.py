@@ -174,7 +174,12 @@ class Config:
             ``"three_step"``, ``"exhaustive"``, ``"histogram"`` (DeepMon), or
             ``"none"`` (no input reuse: with ``refine`` a DeltaCNN-like
             baseline).
-        matcher_options: extra keyword arguments for the matcher.
+        matcher_options: extra keyword arguments for the matcher. The motion
+            searches run with ``prejudge=True`` unless given here: after a
+            frame without motion, when more than half of the blocks pass the
+            threshold at the zero vector, nothing is searched
+            (`dcjax.matching.block`, "Zero-motion prejudgement");
+            ``{"prejudge": False}`` searches every frame, as the paper does.
         color: ``"luma"`` or ``"rgb"``: which planes the matcher's PSNR uses.
         data_range: peak value for PSNR; default 255 for integer frames and
             1.0 for float frames.

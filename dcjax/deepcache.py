@@ -537,7 +537,7 @@ class CachedModel:
         cfg = self.config
         if self._planes_key:
             # The step uses the motion and the mask, not every block's vector.
-            options = {"all_vectors": False, **cfg.matcher_options}
+            options = {"all_vectors": False, "prejudge": True, **cfg.matcher_options}
             return matching.block_match_planes(
                 prev, key, peak=matching.psnr_peak(cur.dtype, cfg.data_range),
                 search=cfg.matcher, init_motion=init_motion, block_size=cfg.block_size,

@@ -65,6 +65,7 @@ def match(
     data_range: float | None = None,
     search_range: int = DEFAULT_SEARCH_RANGE,
     all_vectors: bool = True,
+    prejudge: bool = False,
 ) -> Match:
     """Match ``cur`` against ``prev`` (DeepCache Section 4).
 
@@ -88,6 +89,9 @@ def match(
         all_vectors: ``False`` lets a steady diamond search stop once the
             motion and the mask are settled (`block_match`); only the
             ``block_vectors`` of blocks that moved may then differ.
+        prejudge: from a zero start, take the zero vector without searching
+            when more than half of the blocks pass the threshold there
+            (`block_match`, "Zero-motion prejudgement").
 
     Returns:
         The `Match`.
@@ -120,4 +124,5 @@ def match(
         data_range=data_range,
         search_range=search_range,
         all_vectors=all_vectors,
+        prejudge=prejudge,
     )

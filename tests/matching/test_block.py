@@ -287,3 +287,81 @@ def test_matching_planes_rejects_frames_and_mismatched_planes():
         block_match_planes(luma_planes, luma_planes[:, :19], peak=255.0)
     with pytest.raises(ValueError, match="search"):
         block_match_planes(luma_planes, luma_planes, peak=255.0, search="hexagon")
+
+
+def test_zero_motion_prejudgement_is_the_same_position_test_where_it_holds():
+    """``prejudge=True`` on fixed-camera frames (vtest, most blocks pass at zero):
+    motion zero, every block's vector zero, and the mask, PSNRs and ratio of the
+    same-position test (`static_match`, computed separately); on a pan (few
+    blocks pass at zero) and from a nonzero start it is the search's result."""
+    from dcjax.eval.harness import load_frames
+
+    frames = load_frames("vtest", (120, 160, 3), frames=6)
+    for prev, cur in zip(frames[:-1], frames[1:], strict=True):
+        judged = match(prev, cur, psnr_threshold=25.0, prejudge=True, all_vectors=False)
+        same = match(prev, cur, psnr_threshold=25.0, search="none")
+        assert tuple(np.asarray(judged.motion)) == (0, 0)
+        assert not np.asarray(judged.block_vectors).any()
+        np.testing.assert_array_equal(np.asarray(judged.mask), np.asarray(same.mask))
+        assert float(judged.match_ratio) == float(same.match_ratio) > 0.5
+        np.testing.assert_allclose(
+            np.asarray(judged.block_psnr), np.asarray(same.block_psnr), rtol=1e-5
+        )
+    pan = shifted_pair(photo("astronaut"), (3, -2), shape=(120, 160))
+    starts = [(pan, (0, 0)), ((frames[0], frames[1]), (1, 0))]
+    for (prev, cur), start in starts:
+        judged = match(prev, cur, prejudge=True, init_motion=start)
+        searched = match(prev, cur, init_motion=start)
+        for field in ("motion", "mask", "block_vectors", "block_psnr", "match_ratio"):
+            np.testing.assert_array_equal(
+                np.asarray(getattr(judged, field)), np.asarray(getattr(searched, field))
+            )
+    assert tuple(np.asarray(match(*pan, prejudge=True).motion)) == (3, -2)
+
+
+def test_zero_motion_prejudgement_off_cpu_selects_instead_of_skipping(monkeypatch):
+    """Where skipping does not pay (GPU), the prejudgement runs the search too and
+    selects, with no data-dependent loop, and the result is the CPU path's."""
+    import jax
+
+    from dcjax.matching import block as B
+    from dcjax.matching import search as S
+    from tests.kernels._strategies import all_eqns
+
+    still = shifted_pair(photo("coffee"), (0, 0), shape=(64, 84))
+    still = (still[0], degrade(still[1], noise=2.0, seed=5))
+    pan = shifted_pair(photo("coffee"), (2, 3), shape=(64, 84))
+    static = dict(block_size=10, search="diamond", max_steps=8, k_skip=1, reuse_scores=True,
+                  color="luma", search_range=7, all_vectors=False, prejudge=True)  # fmt: skip
+
+    def run(fn, prev, cur):
+        return fn(
+            planes(prev), planes(cur), jnp.zeros(2, jnp.int32), jnp.float32(25.0),
+            jnp.float32(255.0), given_planes=True, **static,
+        )  # fmt: skip
+
+    cpu = [run(B._block_match, *pair) for pair in (still, pan)]
+    for mod in (B, S):
+        monkeypatch.setattr(mod, "skipping_pays", lambda: False)
+    fresh = jax.jit(  # a fresh trace, which sees the patch
+        lambda *a, **k: B._block_match.__wrapped__(*a, **k),
+        static_argnames=(*static, "given_planes"),
+    )
+    jaxpr = jax.make_jaxpr(lambda p, c: run(B._block_match.__wrapped__, p, c))(*still)
+    assert "while" not in [e.primitive.name for e in all_eqns(jaxpr.jaxpr)]
+    for want, pair in zip(cpu, (still, pan), strict=True):
+        got = run(fresh, *pair)
+        for field in ("motion", "mask", "match_ratio"):
+            np.testing.assert_array_equal(
+                np.asarray(getattr(got, field)), np.asarray(getattr(want, field))
+            )
+        np.testing.assert_allclose(
+            np.asarray(got.block_psnr), np.asarray(want.block_psnr), rtol=1e-5
+        )
+    assert tuple(np.asarray(cpu[0].motion)) == (0, 0) and tuple(np.asarray(cpu[1].motion)) == (2, 3)
+
+
+def test_prejudge_must_be_a_bool():
+    frame = photo("camera")[:20, :20]
+    with pytest.raises(ValueError, match="prejudge"):
+        match(frame, frame, prejudge="yes")
