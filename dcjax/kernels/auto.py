@@ -77,7 +77,16 @@ dense convolutions at roughly 100-150 GFLOP/s, so a layer whose whole dense
 convolution is under `SMALL_LAYER_FLOPS` (about 0.3 ms) cannot save more than
 it spends: ``"dense"`` (the fast grouped path included). Measured end to end on
 pretrained EfficientNet-Lite0 over vtest (most of its 49 convolutions are small)
-with ``dcjax bench --models efficientnet_lite0``.
+with ``dcjax bench --models efficientnet_lite0``. The cut was 40 MFLOPs until
+the 1x1 heads of EfficientNet-Lite0 and MobileNetV2 (320 -> 1280 channels on
+7x7, 40.1 MFLOPs, the only layer either cached) and GoogLeNet's 5x5 of
+inception_4e (40.1) were measured on both sides of it (interleaved frame by
+frame, medians of the paired differences over 120-200 frames): caching them
+cost EfficientNet-Lite0 0.37 ms a frame over vtest (the head's reuse there is
+nil: the changed blocks have eroded every 7x7 pixel; 0.22 and, over box, 0.17
+ms against ``kernel="dense"``), MobileNetV2 0.13 ms and GoogLeNet 0.27 ms. A cut of
+50 MFLOPs would also compute SqueezeNet's 3x3 expansions of fire8 and fire9
+(49.8) densely, which cost it 0.46 ms, so the cut is 45 MFLOPs.
 
 Large maps: FLOPs undercount layers on a large map, which are memory-bound on
 XLA:CPU, and these early layers are where the matcher's reuse survives
@@ -193,7 +202,7 @@ __all__ = [
 ]
 
 #: Layers with fewer dense FLOPs than this run dense on CPU (see above)...
-SMALL_LAYER_FLOPS = 40e6
+SMALL_LAYER_FLOPS = 45e6
 
 #: ...unless ungrouped with at least this many output pixels per image...
 LARGE_MAP_PIXELS = 56 * 56
