@@ -48,8 +48,10 @@ scored at the zero vector and at its four one-pixel neighbours (the small
 diamond) by five passes over the planes; when more than half of all blocks
 pass the threshold at zero and cost no more there than at any neighbour, the
 global motion is zero, every block's vector is zero, their PSNRs there are
-Step 4's, and nothing is searched. Otherwise Steps 2-4 run as above. Every
-matched block still passes the threshold at the motion it is reused with.
+Step 4's, and nothing is searched. Otherwise Steps 2-4 run as above, and a
+frame the prejudgement does not settle pays its five passes on top of the
+search's (which scores the same vectors again). Every matched block still
+passes the threshold at the motion it is reused with.
 The diamond search would also end at zero for most of those blocks (its early
 settling, above, needs them to beat the large diamond as well); where a block
 beats its four neighbours but not a vector two pixels away (periodic
