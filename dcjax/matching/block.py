@@ -379,6 +379,7 @@ def _block_match(
             return 2 * jnp.sum(stays) > nby * nbx, at_zero
 
         start_zero = jnp.all(jnp.asarray(init_motion) == 0)
+        no_search = jnp.zeros((nby, nbx, 2), jnp.int32)
         if skipping_pays():
             # From a zero start only. The loop also materialises the planes,
             # which a caller may compute in its program (the frame's luma from
@@ -386,16 +387,14 @@ def _block_match(
             # into each of the five passes.
             none = (jnp.bool_(False), jnp.zeros((nby, nbx), jnp.float32))
             settled, at_zero = run_if(start_zero, judge, (prev_pl, cur_pl), none)
-        else:
-            settled, at_zero = judge(prev_pl, cur_pl)
-            settled = settled & start_zero
-        judged = (zero, at_zero, jnp.zeros((nby, nbx, 2), jnp.int32))
-        if skipping_pays():
+            judged = (zero, at_zero, no_search)
             motion, ssd, vectors = run_if(~settled, steps, (prev_pl, cur_pl), judged)
-        else:  # no data-dependent skipping: search, then keep the judged result
+        else:  # no data-dependent skipping: judge and search, then select
+            settled, at_zero = judge(prev_pl, cur_pl)
             found = steps(prev_pl, cur_pl)
             motion, ssd, vectors = (
-                jnp.where(settled, a, b) for a, b in zip(judged, found, strict=True)
+                jnp.where(settled & start_zero, a, b)
+                for a, b in zip((zero, at_zero, no_search), found, strict=True)
             )
     else:
         motion, ssd, vectors = steps(prev_pl, cur_pl)
