@@ -234,14 +234,20 @@ def test_every_rule_function_is_exercised():
 def test_sliced_window_and_equals_reduce_window(shape, size, strides, dilation, seed):
     """`and_pool`'s strided-slice AND against XLA's reduce_window (the former rule)."""
     rng = np.random.default_rng(seed)
-    m = jnp.asarray(rng.random(shape) < 0.8)
-    ref = lax.reduce_window(
-        m.astype(jnp.float32), jnp.float32(1.0), lax.min, window_dimensions=size,
-        window_strides=strides, padding="VALID", window_dilation=dilation,
-    ) > 0.5  # fmt: skip
-    got = m
-    for axis in (0, 1):
-        got = regions._window_and(got, axis, size[axis], strides[axis], dilation[axis])
+    m = rng.random(shape) < 0.8
+
+    @jax.jit
+    def both(m):  # one program per example, not one per slice
+        ref = lax.reduce_window(
+            m.astype(jnp.float32), jnp.float32(1.0), lax.min, window_dimensions=size,
+            window_strides=strides, padding="VALID", window_dilation=dilation,
+        ) > 0.5  # fmt: skip
+        got = m
+        for axis in (0, 1):
+            got = regions._window_and(got, axis, size[axis], strides[axis], dilation[axis])
+        return ref, got
+
+    ref, got = both(m)
     assert got.shape == ref.shape
     np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
     # very wide windows keep reduce_window: same answer
