@@ -61,7 +61,11 @@ over a photo's smooth areas passed the default 20 dB threshold in more than
 half of its blocks. On a fixed camera (vtest at 224x224 on the 2-core
 development CPU; jitted, medians of 79 calls interleaved with the search's,
 in four processes) the matcher took 0.41-0.57 ms against 0.59-0.79 ms for the
-search; in EfficientNet-Lite0's cached step over vtest, 0.21 ms a frame less
+search, times that are mostly the fixed cost of calling a compiled program
+from Python (a later check on a 2-core Intel machine: a program folded to
+constants 0.57 ms, the prejudged match 0.58, the search 0.77), so the passes
+themselves cost tens of microseconds; in EfficientNet-Lite0's cached step
+over vtest, 0.21 ms a frame less
 (median of 198 paired frames). The passes run inside a loop of one trip (zero
 from a nonzero start): besides skipping them after a moving frame, that
 materialises the planes, whose computation in the caller's program (the
