@@ -130,6 +130,15 @@ goes to ``rows``, whatever its channels. Measured end to end on ResNet-50 over v
 ``RefineConfig(delta=0.05)`` and ``0.1`` (20 frames, medians of one run):
 54.8 and 50.8 ms a frame with ``rows`` on every layer against 59.4 and 57.7
 ms with the tile kernel on spatial layers.
+The exception is a layer `dcjax.kernels.xla.taps_pays` picks (YOLO-tiny's
+stem, 3x3 from RGB to 16 channels at 448x448), whose dense path and tile
+steps are a fused sum of 27 elementwise terms: on the 2-core Intel Xeon of a
+later session (``python -m dcjax.kernels.bench --layers yolo_stem --impls
+xla,rows``, blob masks, medians of 20) the row kernel took 2.3-5.0 ms at 5-40 %
+dirty pixels against 2.1-2.7 ms dense and 1.0-2.4 ms for the tile kernel, so
+it stays on ``xla``; the ``delta`` method (every stem refined) on YOLO-tiny
+over vtest, interleaved over 30 frames, was 1.6 ms a frame faster with this
+rule and the sum of taps than with neither.
 
 Cores: XLA:CPU spreads a dense convolution over every core, but runs the body
 of a sparse kernel's loop on one (larger chunks did not change that, and two
@@ -186,6 +195,7 @@ kernel.
 from __future__ import annotations
 
 from dcjax.kernels import rows as _rows
+from dcjax.kernels import xla as _xla
 from dcjax.kernels.tiles import TilePlan
 
 __all__ = [
@@ -244,7 +254,12 @@ def choose(
         return "dense", None
     if backend == "gpu" and dense_flops(p) < GPU_SMALL_LAYER_FLOPS:
         return "dense", None
-    if backend == "cpu" and layer_class(p) == "spatial" and (scattered or rows_pays(p)):
+    if (
+        backend == "cpu"
+        and layer_class(p) == "spatial"
+        and (scattered or rows_pays(p))
+        and not _xla.taps_pays(p)
+    ):
         return "rows", None
     if backend == "cpu" and layer_class(p) == "grouped" and _rows.computes_groups(p.cin, p.groups):
         return "rows", None

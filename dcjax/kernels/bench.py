@@ -1,12 +1,13 @@
 """Benchmark of `masked_conv` against the dense convolution: ``python -m dcjax.kernels.bench``.
 
 For representative layers (AlexNet conv1 and conv2, ResNet-50's stem, 3x3
-and 1x1, MobileNetV2 depthwise and pointwise, EfficientNet-Lite0's stem and
-first pointwise layers) and dirty fractions 0 to 100 %, with
+and 1x1, YOLO-tiny's stem, MobileNetV2 depthwise and pointwise,
+EfficientNet-Lite0's stem and first pointwise layers) and dirty fractions 0 to 100 %, with
 blocky masks like a block matcher produces (one contiguous blob of 10x10-pixel
 matcher blocks, seen at the layer's resolution), it times the dense
 convolution the way the dense paths compute it (`dcjax.kernels.xla.dense_conv`:
-XLA's convolution, or a matrix product where that is faster on CPU) and each
+XLA's convolution, or a matrix product or a sum of taps where that is faster
+on CPU) and each
 implementation (medians of interleaved
 runs after warm-up), and reports ideal = dense x pixel dirty fraction and
 efficiency = ideal / measured. Results go to ``bench-results/kernels.json`` and
@@ -46,6 +47,7 @@ LAYERS: dict[str, tuple] = {
     "alexnet_conv1": (227, 227, 3, 96, 11, 4, 1, "VALID", 1),
     "alexnet_conv2": (27, 27, 96, 256, 5, 1, 2, ((2, 2), (2, 2)), 8),
     "resnet50_stem": (224, 224, 3, 64, 7, 2, 1, ((3, 3), (3, 3)), 1),
+    "yolo_stem": (448, 448, 3, 16, 3, 1, 1, ((1, 1), (1, 1)), 1),
     "resnet50_3x3": (56, 56, 64, 64, 3, 1, 1, ((1, 1), (1, 1)), 4),
     "resnet50_1x1": (56, 56, 64, 256, 1, 1, 1, "VALID", 4),
     "resnet50_1x1_64": (56, 56, 64, 64, 1, 1, 1, "VALID", 4),

@@ -238,8 +238,9 @@ def dense_conv_eqn(eqn, invals) -> jax.Array:
 
     On CPU, XLA's grouped (and depthwise) convolutions are slow, and so are
     ungrouped ones whose weights are large against the map or that map 3
-    channels to 17-32; NHWC/HWIO grouped convolutions and those
-    `dcjax.kernels.xla.dot_pays` or `dcjax.kernels.xla.rgb_pays` picks go through
+    channels to few outputs; NHWC/HWIO grouped convolutions and those
+    `dcjax.kernels.xla.dot_pays`, `dcjax.kernels.xla.rgb_pays` or
+    `dcjax.kernels.xla.taps_pays` picks go through
     `dcjax.kernels.xla.dense_conv` (the sparse kernels' own dense path),
     everything else is bound as it is. The no-cache baseline and the semantic
     exits use this so they compute convolutions the way the cached step does.
@@ -251,7 +252,7 @@ def dense_conv_eqn(eqn, invals) -> jax.Array:
             x.shape, w.shape, strides=p["window_strides"], padding=p["padding"],
             dilation=p["rhs_dilation"], groups=p["feature_group_count"],
         )  # fmt: skip
-        if tp.groups > 1 or _xla.dot_pays(tp) or _xla.rgb_pays(tp):
+        if tp.groups > 1 or _xla.dot_pays(tp) or _xla.rgb_pays(tp) or _xla.taps_pays(tp):
             return dense_conv(x, w, tp)
     return eqn.primitive.bind(x, w, **p)
 

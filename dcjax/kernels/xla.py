@@ -33,6 +33,8 @@ per stream).
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -59,6 +61,7 @@ __all__ = [
     "rgb_pays",
     "scatter_tiles",
     "sparse_or_dense",
+    "taps_pays",
     "valid_conv",
     "xla_masked_conv",
 ]
@@ -134,7 +137,9 @@ def valid_conv(x: jax.Array, w: jax.Array | tuple, p: _tiles.TilePlan, fast: boo
     With ``fast`` (used on CPU, where XLA's grouped convolution is slow) grouped
     convolutions are rewritten: depthwise ones (one input channel per group) as
     a sum over kernel taps of strided slices times per-channel weights, other
-    grouped ones as one convolution per group, concatenated. Same result as
+    grouped ones as one convolution per group, concatenated; ungrouped ones
+    that `taps_pays` picks (3x3 on RGB to few outputs) as a sum over taps and
+    input channels of a slice's channel times its row of weights. Same result as
     `lax.conv_general_dilated` up to fp rounding. ``w`` may be `group_weights`'
     per-group slices.
     """
@@ -146,23 +151,19 @@ def valid_conv(x: jax.Array, w: jax.Array | tuple, p: _tiles.TilePlan, fast: boo
         mult = p.cout // g
         if mult > 1:
             x = jnp.repeat(x, mult, axis=-1)
-        (sy, sx), (dy, dx) = p.strides, p.dilation
-        n, hh, ww, c = x.shape
-        oh = (hh - (p.kh - 1) * dy - 1) // sy + 1
-        ow = (ww - (p.kw - 1) * dx - 1) // sx + 1
         out_dtype = jnp.result_type(x.dtype, w.dtype)
-        acc = None
-        for ky in range(p.kh):
-            for kx in range(p.kw):
-                sl = lax.slice(
-                    x,
-                    (0, ky * dy, kx * dx, 0),
-                    (n, ky * dy + (oh - 1) * sy + 1, kx * dx + (ow - 1) * sx + 1, c),
-                    (1, sy, sx, 1),
-                )
-                term = sl.astype(out_dtype) * w[ky, kx, 0].astype(out_dtype)
-                acc = term if acc is None else acc + term
-        return acc
+        return _tap_sum(
+            x, p, lambda sl, ky, kx: sl.astype(out_dtype) * w[ky, kx, 0].astype(out_dtype)
+        )
+    if fast and g == 1 and taps_pays(p):
+        out_dtype = jnp.result_type(x.dtype, w.dtype)
+
+        def term(sl, ky, kx):  # (..., 1) input channel times its (Cout,) weights
+            parts = [sl[..., c : c + 1].astype(out_dtype) * w[ky, kx, c].astype(out_dtype)
+                     for c in range(p.cin)]  # fmt: skip
+            return functools.reduce(operator.add, parts)
+
+        return _tap_sum(x, p, term)
     if fast and g > 1:
         return _per_group(x, group_weights(w, p, fast), p)
     if fast and rgb_pays(p):
@@ -176,6 +177,29 @@ def valid_conv(x: jax.Array, w: jax.Array | tuple, p: _tiles.TilePlan, fast: boo
         dimension_numbers=DIMENSION_NUMBERS,
         feature_group_count=g,
     )
+
+
+def _tap_sum(x: jax.Array, p: _tiles.TilePlan, term: Callable[..., jax.Array]) -> jax.Array:
+    """``sum over taps (ky, kx) of term(slice, ky, kx)``: a VALID convolution of
+    ``x`` written as elementwise terms, ``slice`` the tap's strided (and
+    dilated) view of ``x`` with the output's spatial shape. XLA fuses the sum
+    into one pass over the output."""
+    (sy, sx), (dy, dx) = p.strides, p.dilation
+    n, hh, ww, c = x.shape
+    oh = (hh - (p.kh - 1) * dy - 1) // sy + 1
+    ow = (ww - (p.kw - 1) * dx - 1) // sx + 1
+    acc = None
+    for ky in range(p.kh):
+        for kx in range(p.kw):
+            sl = lax.slice(
+                x,
+                (0, ky * dy, kx * dx, 0),
+                (n, ky * dy + (oh - 1) * sy + 1, kx * dx + (ow - 1) * sx + 1, c),
+                (1, sy, sx, 1),
+            )
+            t = term(sl, ky, kx)
+            acc = t if acc is None else acc + t
+    return acc
 
 
 def _per_group(x: jax.Array, ws: tuple, p: _tiles.TilePlan) -> jax.Array:
@@ -243,6 +267,40 @@ def rgb_pays(p: _tiles.TilePlan) -> bool:
     return p.groups == 1 and p.cin == 3 and 16 < p.cout <= 32
 
 
+#: Most multiply-adds per output value (``kh * kw * Cin``) of a convolution
+#: that `taps_pays` computes as a sum of taps.
+TAPS_MAX_TERMS = 27
+
+#: Most output channels of a convolution that `taps_pays` computes as a sum of taps.
+TAPS_MAX_COUT = 16
+
+
+def taps_pays(p: _tiles.TilePlan) -> bool:
+    """Whether XLA:CPU runs ungrouped convolution ``p`` faster as a fused sum
+    of ``kh * kw * Cin`` elementwise terms (`valid_conv`'s tap path): a kernel
+    larger than 1x1 on at most `TAPS_MAX_TERMS` input values per output (3x3
+    on RGB) with at most `TAPS_MAX_COUT` output channels.
+
+    XLA:CPU's convolution (jaxlib 0.10.2, YNNPACK) is slow on RGB inputs with
+    few output channels: on the 2-core Intel Xeon (AVX-512) of a later
+    session, YOLO-tiny's stem (3x3, 3 -> 16 at 448x448) took 8.8-11 ms
+    (medians of 15-25 calls, ~35 GFLOP/s), 2.9-3.9 ms as a sum of taps. A
+    sweep of 3x3 RGB convolutions (``/`` = sum of taps against the faster of
+    the convolution and `rgb_pays`' padded one, medians of 15 interleaved
+    calls): 8 and 16 outputs 0.22-0.29 at stride 1 on 112x112 to 448x448 maps
+    and 0.39-0.71 at stride 2 on 224x224; 24 outputs 0.61-1.34, 32 0.93-1.73,
+    48-64 0.67-1.52. So 16 outputs is the cut. Larger kernels lose (PilotNet's
+    5x5 stem, 75 terms, 1.25x slower; ResNet-50's 7x7 5x; AlexNet's 11x11
+    20x), and 1x1 convolutions are matrix products (`dot_pays`).
+    """
+    return (
+        p.groups == 1
+        and p.kh * p.kw > 1
+        and p.kh * p.kw * p.cin <= TAPS_MAX_TERMS
+        and p.cout <= TAPS_MAX_COUT
+    )
+
+
 def _rgb_padded(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``x`` and ``w`` with a zero fourth input channel: the same convolution."""
     x = jnp.pad(x, ((0, 0),) * 3 + ((0, 1),))
@@ -277,11 +335,11 @@ def conv_as_dot(x: jax.Array, w: jax.Array, p: _tiles.TilePlan) -> jax.Array:
 
 
 def dense_conv(x: jax.Array, w: jax.Array, p: _tiles.TilePlan) -> jax.Array:
-    """The whole convolution; on CPU grouped ones by `valid_conv`'s fast path,
-    ungrouped ones as a matrix product where `dot_pays` and with a zero input
-    channel where `rgb_pays`."""
+    """The whole convolution; on CPU grouped ones and those `taps_pays` picks by
+    `valid_conv`'s fast path, ungrouped ones as a matrix product where
+    `dot_pays` and with a zero input channel where `rgb_pays`."""
     out_dtype = jnp.result_type(x.dtype, w.dtype)
-    if jax.default_backend() == "cpu" and p.groups > 1:
+    if jax.default_backend() == "cpu" and (p.groups > 1 or taps_pays(p)):
         return valid_conv(_tiles.pad_input(x, p), w, p, True).astype(out_dtype)
     if jax.default_backend() == "cpu" and dot_pays(p):
         return conv_as_dot(x, w, p).astype(out_dtype)

@@ -136,6 +136,10 @@ def test_auto_runs_small_layers_dense_on_cpu() -> None:
     # 3 channels: the tile kernel, whose dirty tiles recompute some reusable pixels
     assert auto.choose(rgb, "cpu")[0] == "xla"
     assert auto.choose(rgb, "cpu", scattered=True)[0] == "rows"
+    # ...except a stem computed as a sum of taps (YOLO-tiny's), even when scattered
+    yolo_stem = plan((1, 448, 448, 3), (3, 3, 3, 16), strides=(1, 1), padding="SAME")
+    assert auto.choose(yolo_stem, "cpu") == auto.choose(yolo_stem, "cpu", scattered=True)
+    assert auto.choose(yolo_stem, "cpu", scattered=True)[0] == "xla"
     pointwise = plan((1, 56, 56, 256), (1, 1, 256, 64), strides=(1, 1), padding="SAME")
     assert auto.choose(pointwise, "cpu")[0] == "rows"
     # on GPU a layer runs dense unless its dense convolution is large (a high-resolution map)

@@ -268,7 +268,7 @@ def test_grouped_weights_are_sliced_once_a_frame_with_no_placeholder() -> None:
 
 @pytest.mark.parametrize(
     "cin, cout, padded",
-    [(3, 24, True), (3, 32, True), (3, 17, True), (3, 16, False), (3, 40, False), (4, 24, False)],
+    [(3, 24, True), (3, 32, True), (3, 17, True), (3, 64, False), (3, 40, False), (4, 24, False)],
 )
 def test_rgb_layers_with_17_to_32_outputs_get_a_zero_fourth_channel(cin, cout, padded) -> None:
     """The dense path and the tile kernel's sparse path both pad where `rgb_pays`, and
@@ -302,6 +302,61 @@ def test_rgb_layers_with_17_to_32_outputs_get_a_zero_fourth_channel(cin, cout, p
         convs = [e for e in all_eqns(jaxpr) if e.primitive.name == "conv_general_dilated"]
         assert convs, name
         assert {e.invars[0].aval.shape[-1] for e in convs} == {channels}, name
+        out = np.asarray(jax.jit(fn)(x, w))
+        np.testing.assert_allclose(out[fresh], want[fresh], rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "cin, cout, k, strides, dilation, taps",
+    [
+        (3, 16, 3, 1, 1, True),  # YOLO-tiny's stem
+        (3, 8, 3, 2, 1, True),
+        (3, 16, 3, 2, 2, True),
+        (1, 4, 5, 1, 1, True),  # 25 terms
+        (3, 17, 3, 1, 1, False),  # more outputs
+        (4, 16, 3, 1, 1, False),  # 36 terms
+        (3, 16, 5, 2, 1, False),  # 75 terms (PilotNet's stem)
+        (3, 16, 1, 1, 1, False),  # 1x1: a matrix product
+    ],
+)
+def test_few_channel_layers_with_few_outputs_are_a_sum_of_taps(
+    cin, cout, k, strides, dilation, taps
+) -> None:
+    """Where `taps_pays`, the dense path and the tile kernel's sparse path compute
+    the convolution on CPU with no convolution operation (elementwise terms of
+    strided slices), and match XLA's convolution."""
+    from dcjax.kernels import dense_conv_eqn
+    from dcjax.kernels.xla import taps_pays
+
+    kw = dict(strides=(strides, strides), padding=((1, 2), (2, 1)), dilation=(dilation,) * 2)
+    p = plan((1, 19, 23, cin), (k, k, cin, cout), **kw)
+    assert taps_pays(p) is taps
+    rng = np.random.default_rng(cin * 100 + cout + k)
+    x = rng.normal(size=(1, 19, 23, cin)).astype(np.float32)
+    w = rng.normal(size=(k, k, cin, cout)).astype(np.float32)
+    mask = np.ones((1, p.ho, p.wo), bool)
+    mask[0, 1:4, 2:6] = False
+    mask[0, p.ho - 2 :, :3] = False  # a tile on the padded border
+    cached = np.zeros((1, p.ho, p.wo, cout), np.float32)
+
+    def conv(x, w):
+        dn = ("NHWC", "HWIO", "NHWC")
+        return jax.lax.conv_general_dilated(
+            x, w, kw["strides"], kw["padding"], rhs_dilation=kw["dilation"],
+            dimension_numbers=dn, precision="highest",
+        )  # fmt: skip
+
+    want = np.asarray(conv(x, w))
+    eqn = jax.make_jaxpr(conv)(x, w).jaxpr.eqns[0]
+    as_taps = taps and jax.default_backend() == "cpu"
+    paths = {
+        "dense": (lambda x, w: dense_conv_eqn(eqn, (x, w)), np.ones_like(mask)),
+        "sparse": (lambda x, w: masked_conv(x, w, mask, cached, impl="xla", **kw), ~mask),
+    }
+    for name, (fn, fresh) in paths.items():
+        names = {e.primitive.name for e in all_eqns(jax.make_jaxpr(fn)(x, w).jaxpr)}
+        if k > 1:  # (a 1x1 layer's dense path is a matrix product)
+            assert ("conv_general_dilated" in names) is not as_taps, name
         out = np.asarray(jax.jit(fn)(x, w))
         np.testing.assert_allclose(out[fresh], want[fresh], rtol=1e-4, atol=1e-4, err_msg=name)
 
