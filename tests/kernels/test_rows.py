@@ -65,6 +65,30 @@ def test_rows_matches_reference(case: Case, chunk: int | None) -> None:
     check_pixel_contract(case, out, _expected_dense(case))
 
 
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ungrouped_cases())
+def test_tap_gathers_from_the_unpadded_input_match_the_reference(case: Case) -> None:
+    """With every layer on the per-tap gathers (`TAP_ROWS_MIN_CIN` lowered to 1),
+    taps reaching into the padding (SAME, VALID and explicit, asymmetric, strided
+    and dilated) read zeros, and the gathers read the input's own pixel rows
+    (no padded copy)."""
+    from dcjax.kernels import rows as rows_module
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rows_module, "TAP_ROWS_MIN_CIN", 1)
+        f = functools.partial(rows_masked_conv, dense_fraction=1.0, **case.kwargs)
+        out = np.asarray(jax.jit(f)(case.x, case.w, case.mask, case.cached))
+        eqns = all_eqns(jax.make_jaxpr(f)(case.x, case.w, case.mask, case.cached).jaxpr)
+    check_pixel_contract(case, out, dense_path=False)
+    n, h, w, cin = case.x.shape
+    operands = [
+        e.invars[0].aval.shape
+        for e in eqns
+        if e.primitive.name == "gather" and e.params["slice_sizes"] == (1, cin)
+    ]
+    assert operands and set(operands) == {(n * h * w, cin)}  # pixel rows of the input itself
+
+
 @pytest.mark.parametrize(
     ("k", "n_dirty", "dense_path", "units"),
     [
