@@ -475,6 +475,7 @@ def _profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     results = []
     for spec_text in _progress(args.methods, args.no_progress, f"profiling {args.model}"):
         runner = methods.make_runner(spec, *methods.parse_method(spec_text))
+        runner = runner.timed() if runner.timed is not None else runner  # what bench times
         try:
             results.append((spec_text, profile.profile(runner, frames, warmup=_PROFILE_WARMUP)))
         except ValueError as e:

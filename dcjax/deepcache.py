@@ -358,7 +358,8 @@ class CachedModel:
             weight rows were not read: 0 without refinement), ``flops_ratio``
             (convolution and matrix-product FLOPs that had to be computed / those of a full
             recompute) and ``skipped`` (a still frame: the network did not
-            run, `Config.skip_unchanged`).
+            run, `Config.skip_unchanged`). Without `Config.statistics`,
+            ``reuse_fraction`` and ``flops_ratio`` are NaN on frames that ran.
         """
         frame = self._check_frame(frame, "frame", 3)
         match = self._check_match(match, batched=False)
@@ -842,7 +843,10 @@ class CachedModel:
                 self._analysis, [*leaves, x[None]], [True] * n + [r0], ctx, reuse,
                 refine=refine_fn, fuse=fuse, dense=dense_fn,
             )  # fmt: skip
-            reuse_fraction = _mean_of_masks(masks)
+            if self.config.statistics:
+                reuse_fraction = _mean_of_masks(masks)
+            else:  # the masks of layers computed in full are left to dead-code elimination
+                reuse_fraction = jnp.full((len(masks),), jnp.nan, jnp.float32)
         else:  # early exits: the rest of the network inside nested lax.cond
             outs, caches, fractions, layer_valid, semantic, semantic_info = self._semantic.step(
                 state.semantic, [*leaves, x[None]], [True] * n + [r0], ctx,

@@ -488,6 +488,7 @@ def test_bad_model_and_frame_shape():
         ({"matcher": "sift"}, "matcher"),
         ({"min_match": 1.5}, "min_match"),
         ({"psnr_threshold": float("nan")}, "psnr_threshold"),
+        ({"statistics": 1}, "statistics"),
     ],
 )
 def test_config_validation_names_the_field(kwargs, field):
@@ -788,9 +789,9 @@ def test_convolutions_with_an_explicit_precision_are_reused_at_that_precision():
     fuse their epilogues), whose own products keep that precision."""
     dn = ("NHWC", "HWIO", "NHWC")
     keys = jax.random.split(jax.random.key(4), 2)
-    params = {
-        "w1": jax.random.normal(keys[0], (3, 3, 3, 8)),
-        "w2": jax.random.normal(keys[1], (3, 3, 8, 4)),
+    params = {  # 40 filters: a convolution on CPU (not `taps_pays`' sum of taps)
+        "w1": jax.random.normal(keys[0], (3, 3, 3, 40)),
+        "w2": jax.random.normal(keys[1], (3, 3, 40, 4)),
     }
 
     def conv(x, w):
@@ -849,3 +850,36 @@ def test_reuse_fractions_of_masks_grouped_by_shape_keep_layer_order():
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-7)
     assert got.dtype == np.float32 and got.shape == (7,)
     assert deepcache._mean_of_masks([]).shape == (0,)
+
+
+@pytest.mark.parametrize("kernel", ["xla", "auto"])
+def test_without_statistics_the_step_computes_the_same_and_reports_nan(kernel):
+    """`Config.statistics=False` changes what the step reports, not what it computes:
+    the same outputs and caches frame by frame, NaN reuse fractions and FLOP
+    ratios on frames that ran, the true ones on still frames (nothing computed)."""
+    module, variables, _ = _model("resnet")
+    make = functools.partial(deepcache.transform, module, variables, frame_shape=(SIZE, SIZE, 3))
+    with_stats = make(config=deepcache.Config(kernel=kernel))
+    without = make(config=deepcache.Config(kernel=kernel, statistics=False))
+    a = _photo(SIZE, 0)
+    b, _ = _translate(a, 0, 0)
+    b[4:12, 4:12] = _photo(SIZE, 3)[4:12, 4:12]
+    c, _ = _translate(b, 2, 0)
+    sw, so = with_stats.init(), without.init()
+    for f in [a, b, b, c, a]:
+        ow, sw, iw = with_stats.step(sw, f)
+        oo, so, io = without.step(so, f)
+        _close(oo, ow, 1e-6)
+        for cw, co in zip(sw.caches, so.caches, strict=True):
+            assert (cw is None) == (co is None)  # a layer computed in full keeps none
+            if cw is not None:
+                _close(co, cw, 1e-6)
+        for key in ("match_ratio", "refreshed", "skipped", "dense_reuse", "input_reuse"):
+            np.testing.assert_array_equal(np.asarray(io[key]), np.asarray(iw[key]))
+        if bool(io["skipped"]):
+            assert float(io["flops_ratio"]) == 0.0
+            np.testing.assert_array_equal(np.asarray(io["reuse_fraction"]), 1.0)
+        else:
+            assert np.isnan(float(io["flops_ratio"]))
+            assert np.isnan(np.asarray(io["reuse_fraction"])).all()
+            assert 0.0 < float(iw["flops_ratio"]) <= 1.0

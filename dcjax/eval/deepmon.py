@@ -45,6 +45,7 @@ from dcjax.eval.methods import (
     deepcache_config,
     register_method,
     transform,
+    with_timed_twin,
 )
 
 __all__ = ["DEFAULTS", "default_first_convs"]
@@ -102,37 +103,41 @@ def _deepmon(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
         # addition, not DeepMon's
         skip_unchanged=False,
     )
-    cached = transform(spec, cfg)
-    first = opts.get("first_convs")
-    if first is None:
-        first = default_first_convs(cached.layers, int(opts["max_stride"]))
-    first = int(first)
-    if first < 0:
-        raise ValueError(f"dcjax: deepmon first_convs must be >= 0, got {first}")
-    allowed_layers = jnp.arange(len(cached.layers)) < first
 
-    @jax.jit
-    def step(state, frame):
-        state = dataclasses.replace(state, layer_valid=state.layer_valid & allowed_layers)
-        return cached.step(state, frame)
+    def build(cfg):
+        cached = transform(spec, cfg)
+        first = opts.get("first_convs")
+        if first is None:
+            first = default_first_convs(cached.layers, int(opts["max_stride"]))
+        first = int(first)
+        if first < 0:
+            raise ValueError(f"dcjax: deepmon first_convs must be >= 0, got {first}")
+        allowed_layers = jnp.arange(len(cached.layers)) < first
 
-    config = config_dict(cfg)
-    config.update(
-        first_convs=first,
-        cached_layers=[lay.name for lay in cached.layers[:first]],
-        expiry_s=float(opts["expiry_s"]),
-        fps=float(spec.fps),
-    )
-    return Runner(
-        method="deepmon",
-        init=cached.init,
-        step=step,
-        # layers after the first ``first`` never reuse (their masks are all dirty)
-        layers=tuple(
-            dataclasses.replace(lay, sparse=bool(lay.sparse) and i < first)
-            for i, lay in enumerate(cached_layers(cached))
-        ),
-        config=config,
-        total_flops=int(cached.total_flops),
-        cached=cached,
-    )
+        @jax.jit
+        def step(state, frame):
+            state = dataclasses.replace(state, layer_valid=state.layer_valid & allowed_layers)
+            return cached.step(state, frame)
+
+        config = config_dict(cfg)
+        config.update(
+            first_convs=first,
+            cached_layers=[lay.name for lay in cached.layers[:first]],
+            expiry_s=float(opts["expiry_s"]),
+            fps=float(spec.fps),
+        )
+        return Runner(
+            method="deepmon",
+            init=cached.init,
+            step=step,
+            # layers after the first ``first`` never reuse (their masks are all dirty)
+            layers=tuple(
+                dataclasses.replace(lay, sparse=bool(lay.sparse) and i < first)
+                for i, lay in enumerate(cached_layers(cached))
+            ),
+            config=config,
+            total_flops=int(cached.total_flops),
+            cached=cached,
+        )
+
+    return with_timed_twin(build, cfg)

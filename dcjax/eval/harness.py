@@ -7,7 +7,10 @@
    device as uint8 ``(H, W, 3)`` arrays;
 2. every method is instantiated (`dcjax.eval.methods`) and warmed up on the
    first frames from a fresh state, which compiles its step (the compile time
-   is recorded, not counted);
+   is recorded, not counted); a method with a twin without per-layer
+   statistics (`Runner.timed`: DeepCache's methods, whose statistics need
+   every layer's mask propagated, work the step does for the report alone)
+   is timed through the twin;
 3. every method restarts from a fresh state and the frames are streamed:
    for each frame, each method in turn calls ``step`` once and waits for
    everything it returned (``block_until_ready``), the order rotating from
@@ -15,7 +18,11 @@
    the same machine load, so the ratio of medians is robust to load changing
    during the run;
 4. each method then steps a few more times on the last frame repeated (the
-   fixed cost of matching and caching when everything is reusable);
+   fixed cost of matching and caching when everything is reusable); a method
+   timed through its twin then runs over the same frames from a fresh state,
+   untimed, for the statistics (``reuse_fraction``, ``flops_ratio``; the
+   outputs, cache sizes and the rest come from the timed twin, whose steps
+   compute the same);
 5. one record per method (`dcjax.eval.metrics.make_record`), each compared
    with ``nocache`` on the same frames (``nocache`` always runs).
 
@@ -151,6 +158,23 @@ def _static_frame_ms(runner: Runner, state: Any, frame: jax.Array, repeats: int 
     return float(np.median(times)) if times else None
 
 
+#: Prefix of the `evaluate` runner-cache keys of timed twins (`Runner.timed`).
+_TIMED = "timed:"
+
+
+def _replay_infos(runner: Runner, frames: list, progress: bool, desc: str) -> list[dict]:
+    """The step infos of ``runner`` over ``frames`` from its initial state."""
+    state, infos = runner.init(), []
+    if progress:
+        from tqdm.auto import tqdm
+
+        frames = tqdm(frames, desc=desc, unit="frame", leave=False)
+    for f in frames:
+        _, state, info = jax.block_until_ready(runner.step(state, f))
+        infos.append(info)
+    return infos
+
+
 def evaluate(
     spec: ModelSpec,
     frames: np.ndarray,
@@ -172,7 +196,8 @@ def evaluate(
         warmup: frames stepped (and discarded) to compile each method.
         progress: show a tqdm progress bar.
         runner_cache: variant -> `Runner` already built for this ``spec``; reused
-            (no recompilation) and filled with the runners built here.
+            (no recompilation) and filled with the runners built here (timed
+            twins, `Runner.timed`, under keys of their own).
 
     Returns:
         An `Evaluation`.
@@ -199,7 +224,12 @@ def evaluate(
     for variant, name, opts in parsed:
         if variant not in cache:
             cache[variant] = make_runner(spec, name, opts)
-    runners = {variant: cache[variant] for variant, _, _ in parsed}
+        twin = cache[variant].timed
+        if twin is not None and _TIMED + variant not in cache:
+            cache[_TIMED + variant] = twin()
+    # what is timed: a runner's twin without per-layer statistics, where it has one
+    reporting = {variant: cache[variant] for variant, _, _ in parsed}
+    runners = {v: cache.get(_TIMED + v, r) for v, r in reporting.items()}
     dev_frames = [jnp.asarray(f) for f in frames]
     compile_s: dict[str, float] = {}
     warm: Iterable = runners.items()
@@ -239,6 +269,9 @@ def evaluate(
             infos[variant].append(info)
 
     static_ms = {v: _static_frame_ms(r, states[v], dev_frames[-1]) for v, r in runners.items()}
+    for variant, runner in reporting.items():
+        if runner is not runners[variant]:  # the statistics, from an untimed pass
+            infos[variant] = _replay_infos(runner, dev_frames, progress, f"{variant} statistics")
     stacked_out = {v: np.stack([_first_leaf(o) for o in outs[v]]) for v in runners}
     stacked_info = {
         v: {k: np.stack([np.asarray(i[k]) for i in infos[v]]) for k in infos[v][0]} for v in runners

@@ -166,6 +166,12 @@ class Runner:
         config: JSON-serialisable settings (recorded in the metrics).
         total_flops: FLOPs (convolutions and matrix products) of a full recompute.
         cached: the `CachedModel` behind the method, when there is one.
+        timed: builds the same method without per-layer statistics
+            (`dcjax.deepcache.Config.statistics`), whose steps compute the same
+            outputs and skip the work done only for the report; the harness
+            times that runner and takes ``reuse_fraction`` and ``flops_ratio``
+            from this one, in an untimed pass over the same frames. ``None``:
+            this runner is timed.
     """
 
     method: str
@@ -175,6 +181,7 @@ class Runner:
     config: dict[str, Any]
     total_flops: int = 0
     cached: deepcache.CachedModel | None = None
+    timed: Callable[[], Runner] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -427,19 +434,39 @@ def cached_layers(cached: deepcache.CachedModel) -> tuple[LayerFlops, ...]:
     )
 
 
+def with_timed_twin(build: Callable[[Config], Runner], cfg: Config) -> Runner:
+    """``build(cfg)``, whose `Runner.timed` is ``build`` of ``cfg`` without
+    statistics (none where ``cfg`` has none, or has semantic exits, which
+    always report them)."""
+    runner = build(cfg)
+    if not cfg.statistics or cfg.semantic is not None:
+        return runner
+    return dataclasses.replace(
+        runner, timed=lambda: build(dataclasses.replace(cfg, statistics=False))
+    )
+
+
+def cached_runner(method: str, spec: ModelSpec, cfg: Config) -> Runner:
+    """The runner of `transform` of ``spec`` with ``cfg``, with its timed twin."""
+
+    def build(cfg: Config) -> Runner:
+        cached = transform(spec, cfg)
+        return Runner(
+            method=method,
+            init=cached.init,
+            step=cached.step,
+            layers=cached_layers(cached),
+            config=config_dict(cfg),
+            total_flops=int(cached.total_flops),
+            cached=cached,
+        )
+
+    return with_timed_twin(build, cfg)
+
+
 @register_method("deepcache", "DeepCache: block matching, region propagation, sparse reuse")
 def _deepcache(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
-    cfg = deepcache_config(options)
-    cached = transform(spec, cfg)
-    return Runner(
-        method="deepcache",
-        init=cached.init,
-        step=cached.step,
-        layers=cached_layers(cached),
-        config=config_dict(cfg),
-        total_flops=int(cached.total_flops),
-        cached=cached,
-    )
+    return cached_runner("deepcache", spec, deepcache_config(options))
 
 
 # Baselines register themselves on import.

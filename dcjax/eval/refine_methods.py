@@ -20,11 +20,9 @@ from dcjax.config import RefineConfig
 from dcjax.eval.methods import (
     ModelSpec,
     Runner,
-    cached_layers,
-    config_dict,
+    cached_runner,
     deepcache_config,
     register_method,
-    transform,
 )
 
 __all__: list[str] = []
@@ -38,16 +36,7 @@ def _runner(method: str, spec: ModelSpec, options: Mapping[str, Any], **defaults
         refine["layers"] = tuple(refine["layers"])
     rest = {k: v for k, v in options.items() if k not in _REFINE_FIELDS}
     cfg = deepcache_config(rest, refine=RefineConfig(**refine), **defaults)
-    cached = transform(spec, cfg)
-    return Runner(
-        method=method,
-        init=cached.init,
-        step=cached.step,
-        layers=cached_layers(cached),
-        config=config_dict(cfg),
-        total_flops=int(cached.total_flops),
-        cached=cached,
-    )
+    return cached_runner(method, spec, cfg)
 
 
 @register_method(

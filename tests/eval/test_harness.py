@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dcjax.eval import bench, harness, metrics
+from dcjax.eval import bench, harness, methods, metrics
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,39 @@ def test_records_are_consistent_with_the_measurements(evaluation, clip):
     if jax.default_backend() == "cpu":
         assert [lay["sparse"] for lay in layers] == [False] * 4
     assert all(lay["sparse"] is None for lay in base["per_layer"])
+
+
+def test_deepcache_is_timed_without_statistics_and_reports_them_from_a_second_pass(
+    evaluation, spec, clip
+):
+    """The timed step is the twin without per-layer statistics; the record's
+    statistics equal those of the reporting runner stepped alone over the clip,
+    and its outputs those of the timed steps."""
+    timed = evaluation.runners["deepcache"]
+    assert timed.config["statistics"] is False and timed.timed is None
+    reporting = methods.make_runner(spec, "deepcache", {})
+    assert reporting.config["statistics"] is True and reporting.timed is not None
+    state, outs, infos = reporting.init(), [], []
+    for f in clip:
+        out, state, info = reporting.step(state, jnp.asarray(f))
+        outs.append(np.asarray(out))
+        infos.append(info)
+    ratios = np.array([float(i["flops_ratio"]) for i in infos])
+    reuse = np.stack([np.asarray(i["reuse_fraction"]) for i in infos])
+    assert np.isfinite(ratios).all() and ratios[0] == 1.0  # the first frame: computed in full
+    np.testing.assert_allclose(evaluation.infos["deepcache"]["flops_ratio"], ratios, rtol=1e-6)
+    rec = {r["variant"]: r for r in evaluation.records}["deepcache"]
+    assert rec["config"]["statistics"] is False
+    assert rec["ideal_speedup"] == pytest.approx(1.0 / ratios.mean())
+    convs = rec["per_layer"][: reuse.shape[1]]
+    np.testing.assert_allclose([lay["reuse_fraction"] for lay in convs], reuse.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(evaluation.outputs["deepcache"], np.stack(outs).reshape(
+        evaluation.outputs["deepcache"].shape), rtol=1e-5, atol=1e-6)  # fmt: skip
+    # the timed steps report no statistics on frames that ran
+    state = timed.init()
+    _, state, info = timed.step(state, jnp.asarray(clip[0]))
+    assert np.isnan(float(info["flops_ratio"]))
+    assert np.isnan(np.asarray(info["reuse_fraction"])).all()
 
 
 def test_outputs_match_nocache_on_identical_frames(spec, clip):
