@@ -220,8 +220,8 @@ class Config:
             under ``kernel="auto"`` on CPU) does not otherwise use, and their
             propagation is work the step does for the report alone: on
             EfficientNet-Lite0, where every layer is computed in full on CPU,
-            0.36 ms of its 0.73 ms a frame over no cache (vtest, 120 frames
-            interleaved). With ``False``, ``info["reuse_fraction"]`` and
+            0.29 ms of its 0.78 ms a frame over no cache (vtest, 120 frames
+            paired frame by frame). With ``False``, ``info["reuse_fraction"]`` and
             ``info["flops_ratio"]`` are NaN except on still frames (skipped:
             every layer reused, nothing computed); outputs and caches are
             the same. The evaluation harness times steps without statistics

@@ -144,7 +144,12 @@ Cores: XLA:CPU spreads a dense convolution over every core, but runs the body
 of a sparse kernel's loop on one (larger chunks did not change that, and two
 independent loops do not run concurrently). The measurements above were taken
 on 2 cores; on one core (``dcjax bench --cpus 1``) ResNet-50's cached step over
-vtest reached its FLOP ideal (1.60x), against 1.35x on two.
+vtest reached its FLOP ideal (1.60x), against 1.35x on two. On the 2-core Intel Xeon
+(AVX-512) of a later session a matrix product inside a loop did use both
+cores (1024 x 2304 by 2304 x 256, medians of 40 calls: 5.3 ms at the top
+level, 5.8 in a loop of one trip or a conditional, 8.7-9.0 ms on one core),
+so there the loop bodies' single thread is not what limits the sparse
+kernels; their gathers and scatters are.
 
 XLA:CPU's convolution library: jaxlib 0.10.2 runs convolutions and dots
 through YNNPACK by default; with ``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=``
