@@ -226,7 +226,8 @@ class Config:
             every layer reused, nothing computed); outputs and caches are
             the same. The evaluation harness times steps without statistics
             and takes the statistics from a second, untimed pass over the
-            same frames. Semantic exits always report them.
+            same frames, whatever this says. Semantic exits always report
+            them.
     """
 
     block_size: int = 10

@@ -22,7 +22,9 @@
    timed through its twin then runs over the same frames from a fresh state,
    untimed, for the statistics (``reuse_fraction``, ``flops_ratio``; the
    outputs, cache sizes and the rest come from the timed twin, whose steps
-   compute the same);
+   compute the same up to float rounding between the two compiled programs,
+   so with refinement, whose masks test computed values against thresholds,
+   a value at a threshold can be decided differently in the two passes);
 5. one record per method (`dcjax.eval.metrics.make_record`), each compared
    with ``nocache`` on the same frames (``nocache`` always runs).
 
@@ -125,7 +127,9 @@ class Evaluation:
 
     Attributes:
         records: one metrics record per method, in the order given.
-        runners: variant -> `Runner`.
+        runners: variant -> the `Runner` that was timed: for a method with a
+            twin without statistics (`Runner.timed`), the twin, whose steps
+            report NaN ``reuse_fraction`` and ``flops_ratio``.
         infos: variant -> per-frame step infos stacked along T (numpy).
         latencies_ms: variant -> per-frame step times.
         outputs: variant -> (T, ...) outputs (numpy).

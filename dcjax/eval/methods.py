@@ -435,12 +435,13 @@ def cached_layers(cached: deepcache.CachedModel) -> tuple[LayerFlops, ...]:
 
 
 def with_timed_twin(build: Callable[[Config], Runner], cfg: Config) -> Runner:
-    """``build(cfg)``, whose `Runner.timed` is ``build`` of ``cfg`` without
-    statistics (none where ``cfg`` has none, or has semantic exits, which
-    always report them)."""
-    runner = build(cfg)
-    if not cfg.statistics or cfg.semantic is not None:
-        return runner
+    """``build`` of ``cfg`` with statistics, whose `Runner.timed` is ``build`` of
+    ``cfg`` without them, whatever ``cfg.statistics`` says (the harness reports
+    them and times the step without them); with semantic exits, which always
+    report them, ``build(cfg)`` alone."""
+    if cfg.semantic is not None:
+        return build(cfg)
+    runner = build(dataclasses.replace(cfg, statistics=True))
     return dataclasses.replace(
         runner, timed=lambda: build(dataclasses.replace(cfg, statistics=False))
     )

@@ -157,13 +157,14 @@ def valid_conv(x: jax.Array, w: jax.Array | tuple, p: _tiles.TilePlan, fast: boo
         )
     if fast and g == 1 and taps_pays(p):
         out_dtype = jnp.result_type(x.dtype, w.dtype)
+        acc = jnp.promote_types(out_dtype, jnp.float32)  # as a convolution accumulates
 
         def term(sl, ky, kx):  # (..., 1) input channel times its (Cout,) weights
-            parts = [sl[..., c : c + 1].astype(out_dtype) * w[ky, kx, c].astype(out_dtype)
+            parts = [sl[..., c : c + 1].astype(acc) * w[ky, kx, c].astype(acc)
                      for c in range(p.cin)]  # fmt: skip
             return functools.reduce(operator.add, parts)
 
-        return _tap_sum(x, p, term)
+        return _tap_sum(x, p, term).astype(out_dtype)
     if fast and g > 1:
         return _per_group(x, group_weights(w, p, fast), p)
     if fast and rgb_pays(p):
@@ -277,9 +278,11 @@ TAPS_MAX_COUT = 16
 
 def taps_pays(p: _tiles.TilePlan) -> bool:
     """Whether XLA:CPU runs ungrouped convolution ``p`` faster as a fused sum
-    of ``kh * kw * Cin`` elementwise terms (`valid_conv`'s tap path): a kernel
-    larger than 1x1 on at most `TAPS_MAX_TERMS` input values per output (3x3
-    on RGB) with at most `TAPS_MAX_COUT` output channels.
+    of ``kh * kw * Cin`` elementwise terms (`valid_conv`'s tap path, summed in
+    float32 at least): a kernel larger than 1x1 on at most `TAPS_MAX_TERMS`
+    input values per output (3x3 on RGB, the case measured below; also 5x5 on
+    one channel or 3x3 on two, not timed) with at most `TAPS_MAX_COUT`
+    output channels.
 
     XLA:CPU's convolution (jaxlib 0.10.2, YNNPACK) is slow on RGB inputs with
     few output channels: on the 2-core Intel Xeon (AVX-512) of a later

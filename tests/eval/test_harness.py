@@ -75,6 +75,12 @@ def test_deepcache_is_timed_without_statistics_and_reports_them_from_a_second_pa
     np.testing.assert_allclose([lay["reuse_fraction"] for lay in convs], reuse.mean(0), rtol=1e-6)
     np.testing.assert_allclose(evaluation.outputs["deepcache"], np.stack(outs).reshape(
         evaluation.outputs["deepcache"].shape), rtol=1e-5, atol=1e-6)  # fmt: skip
+    # whatever the option says, the statistics are reported (and the step timed without)
+    ev = harness.evaluate(spec, clip[:3], ["deepcache:statistics=False"], progress=False)
+    rec = ev.records[1]
+    metrics.check_record(rec)
+    assert np.isfinite(ev.infos["deepcache:statistics=False"]["flops_ratio"]).all()
+    assert rec["ideal_speedup"] == pytest.approx(1.0 / ratios[:3].mean())
     # the timed steps report no statistics on frames that ran
     state = timed.init()
     _, state, info = timed.step(state, jnp.asarray(clip[0]))

@@ -361,6 +361,27 @@ def test_few_channel_layers_with_few_outputs_are_a_sum_of_taps(
         np.testing.assert_allclose(out[fresh], want[fresh], rtol=1e-4, atol=1e-4, err_msg=name)
 
 
+def test_a_sum_of_taps_accumulates_low_precision_inputs_in_float32() -> None:
+    """bfloat16 inputs: the terms are summed in float32 and the result rounded once,
+    as XLA's convolution does, so both agree to bfloat16's rounding of the output."""
+    from dcjax.kernels.xla import dense_conv
+
+    kw = dict(strides=(1, 1), padding=((1, 1), (1, 1)))
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.normal(size=(1, 12, 12, 3)), jnp.bfloat16)
+    w = jnp.asarray(rng.normal(size=(3, 3, 3, 16)), jnp.bfloat16)
+    p = plan(x.shape, w.shape, **kw)
+    out = jax.jit(lambda x, w: dense_conv(x, w, p))(x, w)
+    assert out.dtype == jnp.bfloat16
+    exact = jax.lax.conv_general_dilated(
+        x.astype(jnp.float32), w.astype(jnp.float32), (1, 1), kw["padding"],
+        dimension_numbers=("NHWC", "HWIO", "NHWC"), precision="highest",
+    )  # fmt: skip
+    err = np.abs(np.asarray(out, np.float32) - np.asarray(exact))
+    # one rounding to bfloat16 (8 bits of mantissa) of each output
+    assert (err <= np.abs(np.asarray(exact)) * 2.0**-8 + 1e-6).all()
+
+
 def test_the_dirty_tile_list_is_built_inside_the_sparse_path() -> None:
     """The list of dirty tiles is made in the loop around the steps, so a frame with
     nothing dirty, or one that takes the dense path, does not build it: no equation
