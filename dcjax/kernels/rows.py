@@ -216,19 +216,16 @@ def _patches(x: jax.Array, b: jax.Array, oy: jax.Array, ox: jax.Array, p: _tiles
     if _tap_rows(p):
         (pt, _), (pl, _) = p.pads
         flat = x.reshape(-1, cin)
+        cols = [_tap_index(ox, sx, j * dx - pl, p.wo, w) for j in range(p.kw)]
         taps = []
         for i in range(p.kh):
-            y, ys = oy * sy + (i * dy - pt), _inside(i * dy - pt, p.ho, sy, h)
-            for j in range(p.kw):
-                xx, xs = ox * sx + (j * dx - pl), _inside(j * dx - pl, p.wo, sx, w)
-                rows = flat.at[(b * h + _clamp(y, h, ys)) * w + _clamp(xx, w, xs)].get(
-                    mode="promise_in_bounds"
-                )
-                if not (ys and xs):
-                    ok = ((y >= 0) & (y < h) if not ys else True) & (
-                        (xx >= 0) & (xx < w) if not xs else True
-                    )
-                    rows = jnp.where(jnp.asarray(ok)[:, None], rows, jnp.zeros((), rows.dtype))
+            y, y_ok = _tap_index(oy, sy, i * dy - pt, p.ho, h)
+            for xx, x_ok in cols:
+                rows = flat.at[(b * h + y) * w + xx].get(mode="promise_in_bounds")
+                checks = [c for c in (y_ok, x_ok) if c is not None]
+                if checks:
+                    ok = checks[0] if len(checks) == 1 else checks[0] & checks[1]
+                    rows = jnp.where(ok[:, None], rows, jnp.zeros((), rows.dtype))
                 taps.append(rows)
         return taps[0] if len(taps) == 1 else jnp.concatenate(taps, axis=1)
     if dx == 1:
@@ -250,13 +247,15 @@ def _patches(x: jax.Array, b: jax.Array, oy: jax.Array, ox: jax.Array, p: _tiles
     return win.reshape(win.shape[0], p.kh * p.kw * cin)
 
 
-def _inside(offset: int, n_out: int, stride: int, size: int) -> bool:
-    """Whether ``o * stride + offset`` lies in ``[0, size)`` for every output ``o < n_out``."""
-    return offset >= 0 and (n_out - 1) * stride + offset < size
-
-
-def _clamp(i: jax.Array, size: int, inside: bool) -> jax.Array:
-    return i if inside else jnp.clip(i, 0, size - 1)
+def _tap_index(o: jax.Array, stride: int, offset: int, n_out: int, size: int):
+    """``(index, valid)`` along one axis of the input read by outputs ``o`` at a tap
+    ``offset`` from ``o * stride``: the index clamped into ``[0, size)`` and
+    whether it was inside, or the index alone and ``None`` where no output
+    ``o < n_out`` reaches into the padding (a static check)."""
+    i = o * stride + offset
+    if offset >= 0 and (n_out - 1) * stride + offset < size:
+        return i, None
+    return jnp.clip(i, 0, size - 1), (i >= 0) & (i < size)
 
 
 def _segments(xp: jax.Array, b: jax.Array, oy: jax.Array, ox: jax.Array, p: _tiles.TilePlan):
