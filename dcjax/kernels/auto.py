@@ -119,7 +119,7 @@ in a slow process) against caching them in four runs over vtest and by
 -0.11 ms over box, and its top-1 agreement with the uncached model (over the
 79 frames after the first) went from 93.7 to 100 % over vtest and from 50.6
 to 79.7 % over box (features reused from nearly equal pixels flip its
-near-tied top-1: see the README). For the 64 -> 64 layer, which keeps the
+near-tied top-1: see docs/benchmarks.md). For the 64 -> 64 layer, which keeps the
 exception, dropping it left ResNet-50 level (-1.4, +0.2, +1.0 ms) and slowed
 GoogLeNet by 0.1-1.1 ms in three pairs of runs each.
 

@@ -18,7 +18,7 @@ in cache. Measured on ``fc6``'s shape (9216 x 4096, random rows, medians of 30
 jitted calls): dense 5.6-6.2 ms; nothing changed 0.09 ms; 10 / 20 / 33 / 60 %
 of the rows changed 0.82 / 1.73 / 2.54 / 4.42 ms (about one process in eight
 on the 2-core development machine ran it 2-3x slower throughout, as it did
-any loop of row gathers: see the README). On GPU and TPU
+any loop of row gathers: see docs/benchmarks.md). On GPU and TPU
 (`dcjax._loops.skipping_pays` false) a loop with a dynamic trip count stalls
 the stream, so the kernel is the reference form there: one dense product of
 the masked differences, at the device's bandwidth.
