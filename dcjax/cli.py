@@ -331,6 +331,28 @@ def _where_time_went(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(["\nwhere the time goes:", *lines]) if lines else ""
 
 
+def _nothing_sparse_note(record: dict[str, Any]) -> str:
+    """Why a cached method gained nothing on moving frames, when it computed
+    every layer in full (per-layer ``sparse`` all false); else ``""``."""
+    layers = record.get("per_layer") or []
+    if not layers or any(lay.get("sparse") is not False for lay in layers):
+        return ""
+    import jax
+
+    kernel = record.get("config", {}).get("kernel", "auto")
+    why = (
+        f'kernel="auto" computes in full the layers too small or too thin for a sparse '
+        f"kernel to pay on this backend ({jax.default_backend()}; dcjax/kernels/auto.py)"
+        if kernel == "auto"
+        else f'kernel="{kernel}" computes every layer in full'
+    )
+    return (
+        f"\nNo layer of {record['model']} is computed sparsely here: {why}. The cached step "
+        "is then the network plus matching: it saves time only on frames that match whole "
+        "(a still scene), whose last output it returns (the bundled clip box has many)."
+    )
+
+
 def _load_spec(name: str, *, pretrained: bool, width: float, fps: float, quiet: bool = False):
     from dcjax.eval.harness import model_spec
 
@@ -404,6 +426,9 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
               + ("; computed: sparse, skipping what it reuses, or in full on every frame"
                  if computed else "") + "):")  # fmt: skip
         print(_per_layer_text(rec))
+        note = _nothing_sparse_note(rec)
+        if note:
+            print(note)
     if pretrained and ev.outputs["nocache"].shape[-1] == 1000:
         labels = models.imagenet_labels()
         top = np.bincount(ev.outputs["nocache"].reshape(len(frames), -1).argmax(-1)).argmax()

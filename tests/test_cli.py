@@ -114,12 +114,26 @@ def test_demo_writes_report(tmp_path, capsys):
     if jax.default_backend() == "cpu":
         rows = [line for line in text.splitlines() if line.startswith("Dave/")]
         assert len(rows) == 9 and all(" in full " in row for row in rows), rows
+        # ... and the demo says why it gains nothing on moving frames
+        assert "No layer of dave is computed sparsely here" in text
+        assert 'kernel="auto"' in text and "(cpu; dcjax/kernels/auto.py)" in text
     html = (out_dir / "report.html").read_text()
     for png in ("reuse_masks.png", "timeline.png", "latency_by_method.png", "per_layer.png"):
         assert os.path.exists(out_dir / png), png
         assert f"href='{png}'" in html
     records = json.loads((out_dir / "metrics.json").read_text())
     assert [r["method"] for r in records] == ["nocache", "deepcache"]
+
+
+def test_nothing_sparse_note_only_when_every_layer_ran_in_full():
+    rec = {"model": "m", "config": {"kernel": "dense"},
+           "per_layer": [{"sparse": False}, {"sparse": False}]}  # fmt: skip
+    assert 'kernel="dense" computes every layer in full' in cli._nothing_sparse_note(rec)
+    rec["per_layer"][1]["sparse"] = True
+    assert cli._nothing_sparse_note(rec) == ""
+    # the baseline's layers say nothing about how they ran
+    assert cli._nothing_sparse_note({"model": "m", "per_layer": [{"name": "a"}]}) == ""
+    assert cli._nothing_sparse_note({"model": "m", "per_layer": []}) == ""
 
 
 def test_bench_writes_json_and_report(tmp_path, capsys):
