@@ -49,6 +49,8 @@ from jax.extend import core as jcore
 from dcjax import kernels, matching
 from dcjax._loops import pinned, run_if, skipping_pays
 from dcjax.config import Config, RefineConfig, SemanticConfig
+from dcjax.kernels import chain as chain_lib
+from dcjax.kernels.masked import plain_conv
 from dcjax.kernels.matvec import delta_matvec
 from dcjax.matching.types import Match
 from dcjax.transforms import lowering
@@ -243,10 +245,23 @@ class CachedModel:
             config.kernel == "pallas" and jax.default_backend() == "tpu"
         )
         fused = config.fuse_epilogues and config.semantic is None and not tpu_pallas
+        # Inverted-residual chains computed on dirty tiles as one (`kernels.chain`):
+        # under kernel="auto", with epilogues fused, without refinement or exits.
+        self._chains: dict[int, tuple[int, int, int]] = {}
+        if fused and config.kernel == "auto" and config.refine is None and self._semantic is None:
+            self._chains = _conv_chains(self._analysis)
+            self.keeps_cache = tuple(
+                keep if i not in self._chains else i == self._chains[i][2]
+                for i, keep in enumerate(self.keeps_cache)
+            )
         self.epilogues: tuple[tuple[str, ...], ...] = tuple(
-            chain if fused and keep else ()
-            for chain, keep in zip(
-                _layer_epilogues(self._analysis, len(self.layers)), self.keeps_cache, strict=True
+            chain if fused and (keep or i in self._chains) else ()
+            for i, (chain, keep) in enumerate(
+                zip(
+                    _layer_epilogues(self._analysis, len(self.layers)),
+                    self.keeps_cache,
+                    strict=True,
+                )
             )
         )
         self.unsupported_primitives: tuple[str, ...] = tuple(sorted(self._analysis.unsupported))
@@ -288,7 +303,11 @@ class CachedModel:
         ``psnr_threshold=inf`` unless refinement reuses inside the network), a
         fully connected layer that refinement updates by its changed inputs."""
         never = self.config.psnr_threshold == float("inf") and self._refined is None
-        convs = (False,) * len(self.layers) if never else self.keeps_cache
+        convs = (
+            (False,) * len(self.layers)
+            if never
+            else tuple(k or i in self._chains for i, k in enumerate(self.keeps_cache))
+        )
         return (*convs, *(self._dense_refined or (False,) * len(self.dense_layers)))
 
     def init(self) -> CacheState:
@@ -817,10 +836,30 @@ class CachedModel:
                 mask = lax.cond(valid, lambda m: m, jnp.zeros_like, mask)
             else:
                 mask = mask & valid
+            chain = self._chains.get(index)
+            if chain is not None and index != chain[2]:
+                # the chain's expansion or depthwise layer: computed with its last
+                return _Deferred(eqn, invals, epilogue), mask, state.caches[index]
             if not self.keeps_cache[index]:
                 return kernels.dense_conv_eqn(eqn, invals), mask, state.caches[index]
             dy, dx, _ = ctx.shift(layer.signature)
             shifted = _shift(state.caches[index], dy, dx, layer.signature.axes)
+            if chain is not None:
+                mid = invals[0]
+                head = mid.invals[0]
+                links = tuple(
+                    chain_lib.Link(e, ins[1], epi)
+                    for e, ins, epi in (
+                        (head.eqn, head.invals, head.epilogue),
+                        (mid.eqn, mid.invals, mid.epilogue),
+                        (eqn, invals, epilogue),
+                    )
+                )
+                x_in = head.invals[0]
+                out = chain_lib.chain_masked_conv(
+                    x_in, links, jnp.broadcast_to(mask, (x_in.shape[0], *mask.shape)), shifted
+                )
+                return out, mask, out
             out = self._reuse_layer(index, eqn, invals, mask, shifted, epilogue)
             return out, mask, out
 
@@ -986,6 +1025,89 @@ def _reads_frame(analysis, n_layers: int) -> tuple[bool, ...]:
 
     walk(analysis, [False] * len(analysis.jaxpr.jaxpr.invars))
     return tuple(out)
+
+
+class _Deferred(NamedTuple):
+    """A chain's layer (`_conv_chains`) whose output is computed with the
+    chain's last layer: what the interpreter holds in place of that output."""
+
+    eqn: Any
+    invals: list
+    epilogue: Any
+
+
+def _conv_chains(analysis) -> dict[int, tuple[int, int, int]]:
+    """Per layer in an inverted-residual chain (`dcjax.kernels.chain`), the
+    chain's layers (expansion, depthwise, projection).
+
+    A chain is three layers of the top-level jaxpr: a 1x1 expansion (stride 1,
+    no padding, ungrouped), a depthwise layer (one group per channel) and a
+    1x1 projection, where the variable each of the first two layers' epilogues
+    ends in (the layer's output without one) is read by the next layer alone
+    and is not an output of the model, and those two epilogues read no other
+    pixel values. `kernels.chain.chain_pays` decides on the projection's output
+    size. Layers inside calls (``pjit`` and the like) are left alone.
+    """
+    jaxpr = analysis.jaxpr.jaxpr
+    eqns, infos = jaxpr.eqns, analysis.eqns
+    users: dict[Any, list[int]] = {}
+    for j, e in enumerate(eqns):
+        for v in e.invars:
+            if isinstance(v, jcore.Var):
+                users.setdefault(v, []).append(j)
+    model_outs = {v for v in jaxpr.outvars if isinstance(v, jcore.Var)}
+
+    def end(i: int):
+        info = infos[i]
+        return eqns[info.epilogue[-1]].outvars[0] if info.epilogue else eqns[i].outvars[0]
+
+    def next_layer(i: int) -> int | None:
+        v = end(i)
+        readers = users.get(v, [])
+        if v in model_outs or len(readers) != 1:
+            return None
+        j = readers[0]
+        return j if infos[j].layer is not None and eqns[j].invars[0] is v else None
+
+    def reads_no_pixels(i: int) -> bool:
+        inside = {eqns[i].outvars[0]}
+        for j in infos[i].epilogue:
+            for u, sig in zip(eqns[j].invars, infos[j].in_sigs, strict=True):
+                if isinstance(u, jcore.Var) and u not in inside and sig is not None:
+                    return False
+            inside.add(eqns[j].outvars[0])
+        return True
+
+    def conv(e, depthwise: bool) -> bool:
+        p = e.params
+        if not plain_conv(p) or p["precision"] is not None:
+            return False
+        kh, kw, cig, cout = e.invars[1].aval.shape
+        cin = e.invars[0].aval.shape[-1]
+        if depthwise:
+            return cig == 1 and p["feature_group_count"] == cin == cout
+        return (
+            (kh, kw) == (1, 1)
+            and p["feature_group_count"] == 1
+            and tuple(p["window_strides"]) == (1, 1)
+            and tuple(map(tuple, p["padding"])) == ((0, 0), (0, 0))
+        )
+
+    chains: dict[int, tuple[int, int, int]] = {}
+    for i, info in enumerate(infos):
+        if info.layer is None or info.layer in chains or not conv(eqns[i], False):
+            continue
+        j = next_layer(i)
+        k = next_layer(j) if j is not None else None
+        if k is None or not (conv(eqns[j], True) and conv(eqns[k], False)):
+            continue
+        if not (reads_no_pixels(i) and reads_no_pixels(j)):
+            continue
+        if not chain_lib.chain_pays(tuple(eqns[k].outvars[0].aval.shape[1:3])):
+            continue
+        members = (info.layer, infos[j].layer, infos[k].layer)
+        chains.update(dict.fromkeys(members, members))
+    return chains
 
 
 def _shared_inputs(analysis, n_layers: int, refined: tuple[bool, ...] | None) -> tuple[int, ...]:

@@ -20,6 +20,18 @@ from tests.transforms import small_models
 SIZE = 32
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _chains_on_small_maps():
+    """The small models' 32x32 inverted residual block runs as a chain
+    (`dcjax.kernels.chain` forms chains on maps of 56 pixels and more)."""
+    from dcjax.kernels import chain
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(chain, "CHAIN_MIN_SIDE", 16)
+    yield
+    patch.undo()
+
+
 def _photo(size: int, seed: int = 0) -> np.ndarray:
     """A real photo (scikit-image's astronaut), resized, float32 in [0, 1]."""
     img = transform.resize(data.astronaut(), (2 * size, 2 * size), anti_aliasing=True)
@@ -326,6 +338,27 @@ def test_vmap_over_streams_matches_single_streams():
     np.testing.assert_array_equal(np.asarray(info["input_reuse"]), 1.0)
 
 
+def test_chains_under_vmap_match_single_streams():
+    """Streams pooled into one dirty-tile list give each stream's own outputs."""
+    cached = _cached("mobilenet", deepcache.Config())
+    first = [_photo(SIZE, s) for s in range(2)]
+    second = [f.copy() for f in first]
+    second[0][4:12, 6:14] = 0.5  # a changed patch in each stream, at different places
+    second[1][20:30, 2:9] = 0.9
+    states = jax.vmap(lambda _: cached.init())(jnp.arange(2))
+    step = jax.vmap(cached.step)
+    for frames in (first, second):
+        outs, states, info = step(states, jnp.asarray(np.stack(frames)))
+    for i in range(2):
+        state = cached.init()
+        for frame in (first[i], second[i]):
+            single, state, single_info = cached.step(state, frame)
+        _close(outs[i], single)
+        np.testing.assert_array_equal(info["reuse_fraction"][i], single_info["reuse_fraction"])
+    tail = max(cached._chains.values())[2] if cached._chains else 0
+    assert np.all((0 < info["reuse_fraction"][:, tail]) & (info["reuse_fraction"][:, tail] < 1))
+
+
 def test_plain_function_models_and_nested_calls():
     """A hand-written JAX function with jit, remat and custom_vjp inside."""
 
@@ -538,6 +571,42 @@ def test_invariants_hold_with_every_kernel(name, kernel):
     out, state, info = cached.step(state, cur, match=match)
     _close(out, ref(cur))
     assert float(np.asarray(info["reuse_fraction"]).max()) > 0.3
+
+
+def test_inverted_residual_chains_are_computed_as_one():
+    """Under kernel="auto" on CPU the block's three layers run on dirty tiles
+    together (`dcjax.kernels.chain`), caching the projection only; a refresh, an
+    identical frame and an exact translation give the model's output."""
+    module, variables, ref = _model("mobilenet")
+    cached = _cached("mobilenet", deepcache.Config(refresh_every=100))
+    per_layer = _cached("mobilenet", deepcache.Config(kernel="xla", refresh_every=100))
+    names = [layer.name for layer in cached.layers]
+    if jax.default_backend() != "cpu":
+        assert not cached._chains
+        return
+    chain = tuple(i for i, n in enumerate(names) if "InvertedResidual" in n)
+    assert len(chain) == 3 and {cached._chains[i] for i in chain} == {chain}
+    assert [cached.keeps_cache[i] for i in chain] == [False, False, True]
+    assert [cached.sparse[i] for i in chain] == [True, True, True]
+    assert all(cached.epilogues[i] for i in chain)  # each layer with its epilogue
+    assert not per_layer._chains and all(per_layer.keeps_cache)
+    state = cached.init()
+    assert [c is None for c in state.caches] == [not k for k in cached.keeps_cache]
+    s = module.total_stride
+    prev = _photo(SIZE, 5)
+    cur, mask = _translate(prev, -s, 2 * s)
+    still = deepcache.Match(motion=jnp.zeros((2,), jnp.int32), mask=jnp.ones((SIZE, SIZE), bool))
+    moved = deepcache.Match(motion=jnp.array([-s, 2 * s]), mask=jnp.asarray(mask))
+    states = [cached.init(), per_layer.init()]
+    for frame, match in ((prev, still), (prev, still), (cur, moved)):
+        outs = []
+        for k, c in enumerate((cached, per_layer)):
+            out, states[k], info = c.step(states[k], frame, match=match)
+            _close(out, ref(frame))
+            outs.append(out)
+        fractions = np.asarray(info["reuse_fraction"])
+        _close(outs[0], outs[1])
+    assert 0.3 < fractions[chain[2]] < 1.0, fractions
 
 
 def test_layers_computed_densely_keep_no_cache():

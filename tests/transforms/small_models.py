@@ -87,7 +87,44 @@ class InceptionLike(nn.Module):
 InceptionLike.total_stride = 4
 
 
-MODELS = {"plain": PlainNet, "resnet": ResNetLike, "inception": InceptionLike}
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expansion, depthwise 3x3, 1x1 projection, residual."""
+
+    features: int
+    expand: int = 3
+
+    @nn.compact
+    def __call__(self, x):
+        y = nn.Conv(self.features * self.expand, (1, 1), use_bias=False)(x)
+        y = nn.relu6(nn.BatchNorm(use_running_average=True)(y))
+        wide = y.shape[-1]
+        y = nn.Conv(wide, (3, 3), padding="SAME", feature_group_count=wide, use_bias=False)(y)
+        y = nn.relu6(nn.BatchNorm(use_running_average=True)(y))
+        y = nn.Conv(self.features, (1, 1), use_bias=False)(y)
+        return x + nn.BatchNorm(use_running_average=True)(y)
+
+
+class MobileNetLike(nn.Module):
+    """Stem, an inverted residual block on a 32x32 map (a chain of
+    `dcjax.kernels.chain` where the tests lower its size rule), a strided
+    depthwise conv, GAP + dense."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu6(nn.Conv(8, (3, 3), padding="SAME")(x))
+        x = InvertedResidual(8)(x)
+        x = nn.Conv(8, (3, 3), strides=2, padding="SAME", feature_group_count=8)(x)
+        return nn.Dense(4)(nn.relu6(x).mean(axis=(1, 2)))
+
+
+MobileNetLike.total_stride = 2
+
+MODELS = {
+    "plain": PlainNet,
+    "resnet": ResNetLike,
+    "inception": InceptionLike,
+    "mobilenet": MobileNetLike,
+}
 
 
 def create(name: str, size: int = 32, seed: int = 0):

@@ -1,0 +1,240 @@
+"""Inverted-residual chains computed on dirty tiles: three layers, one gather.
+
+Contract. A *chain* is three plain NHWC convolutions, each followed by its
+elementwise epilogue (`dcjax.kernels.Epilogue`): a 1x1 expansion ``a``
+(stride 1, no padding, ungrouped), a depthwise ``b`` (any kernel, stride,
+padding, dilation; one group per channel) and a 1x1 projection ``c``
+(ungrouped). ``chain_masked_conv(x, links, reuse_mask, cached)`` equals
+``where(reuse_mask, cached, dense_chain(x, links))`` to float rounding, where
+`dense_chain` computes link after link in full the way the dense path does
+(`dcjax.kernels.dense_conv_eqn`, then the epilogue); `reference_chain` is
+that oracle. Only ``c``'s epilogue may have pixel operands (a residual).
+Clean output tiles keep ``cached`` bit for bit.
+
+How. Output tiles of ``th x tw`` pixels (`dcjax.kernels.tiles`, with the
+depthwise layer's geometry applied to ``x``: a chain sees through the 1x1
+layers). For each dirty tile the window of ``x`` under it is gathered once;
+``a`` and its epilogue run on the window, whose positions in the depthwise
+layer's padding are set to zero (the padding pads ``a``'s output, not ``x``);
+``b`` runs on that with no padding, ``c`` on ``b``'s tile, the residual is
+read at the tile, and the tile is scattered into the cache. Per layer, the
+sparse kernels gather and scatter each thin map and write the wide expanded
+map out; here the expanded map never leaves the tile, which is what makes
+the thin layers of EfficientNet-Lite0's early blocks worth skipping on CPU.
+
+Measured (the 2-core Intel development machine, a stand-alone block with
+random weights, medians of 50 jitted calls, cache donated; fraction of the
+dense block's time at 15 / 30 / 45 % of the tiles dirty): 112x112x16 ->
+96 -> 3x3/2 -> 24 (1.21 ms dense) 0.32 / 0.56 / 0.58; 56x56x24 -> 144 ->
+3x3 -> 24 with residual (0.85 ms) 0.28 / 0.92 / 0.76 (0.41 at 25 % in
+another run); 56x56 -> 5x5/2 -> 40 (0.70 ms) 0.39 / 0.46 / 0.58; 28x28x40
+-> 240 -> 5x5 -> 40 (0.99 ms) 0.33 / 0.59 / 0.58. Without an expansion
+(depthwise then projection) the window's halo costs more than it saves, so
+chains start at an expansion. `chain_pays` is the rule `kernel="auto"`
+applies; the end-to-end effect is in `dcjax.deepcache`'s docs.
+
+Off CPU (`dcjax._loops.skipping_pays` false) chains are not formed: the
+per-layer kernels and their Pallas forms apply there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from dcjax.kernels import tiles as _tiles
+from dcjax.kernels import xla as _xla
+from dcjax.kernels.masked import Epilogue, dense_conv_eqn
+
+__all__ = [
+    "CHAIN_MIN_SIDE",
+    "Link",
+    "chain_masked_conv",
+    "chain_pays",
+    "chain_tile",
+    "dense_chain",
+    "reference_chain",
+]
+
+#: The smallest output side (pixels) on which a chain is computed by tiles.
+CHAIN_MIN_SIDE: int = 56
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """One convolution of a chain: its equation, weights and epilogue."""
+
+    eqn: Any
+    w: jax.Array
+    epilogue: Epilogue | None = None
+
+
+def chain_tile(ho: int, wo: int) -> tuple[int, int]:
+    """Output tile of a chain: 4 x 4 pixels (clipped to the map).
+
+    Smaller tiles cover less clean area around the dirty pixels and larger ones
+    recompute less halo; on EfficientNet-Lite0 over vtest (120 frames, paired,
+    one process, two passes) 4 x 4 tiles ran the cached step 0.15 ms a frame
+    faster than 8 x 8 and 14 x 14 ones 0.1-0.2 ms slower, all within noise.
+    """
+    return min(4, ho), min(4, wo)
+
+
+def chain_pays(out_hw: tuple[int, int]) -> bool:
+    """Whether ``kernel="auto"`` computes a chain by tiles: on CPU, with an
+    output of at least `CHAIN_MIN_SIDE` pixels a side.
+
+    On EfficientNet-Lite0 over vtest (`dcjax profile`, 40 frames; ms a frame,
+    no cache -> cached step with chains from 28 pixels) block1 (112 -> 56)
+    went 1.52 -> 0.67 and block2 (56) 0.69 -> 0.53, while block3 (56 -> 28)
+    went 0.54 -> 0.74 and block4 (28) 0.60 -> 0.90: on 28x28 maps too many of
+    the few tiles are dirty. Paired over 120 frames, the cached step with
+    chains from 56 pixels ran 0.74 ms a frame faster than without chains.
+    """
+    from dcjax._loops import skipping_pays
+
+    return skipping_pays() and min(out_hw) >= CHAIN_MIN_SIDE
+
+
+def _apply(link: Link, y: jax.Array) -> jax.Array:
+    e = link.epilogue
+    return y if e is None else e(y)
+
+
+def dense_chain(x: jax.Array, links: Sequence[Link]) -> jax.Array:
+    """Every link in full, as the dense path computes each layer."""
+    y = x
+    for link in links:
+        y = _apply(link, dense_conv_eqn(link.eqn, [y, link.w]))
+    return y
+
+
+def reference_chain(
+    x: jax.Array, links: Sequence[Link], reuse_mask: jax.Array, cached: jax.Array
+) -> jax.Array:
+    """The oracle: `dense_chain`, with ``cached`` where ``reuse_mask`` is true."""
+    fresh = dense_chain(x, links)
+    return jnp.where(reuse_mask[..., None], cached.astype(fresh.dtype), fresh)
+
+
+def _plan(x_shape, links: Sequence[Link]) -> _tiles.TilePlan:
+    """The tile plan of the depthwise layer's window over ``x`` (see the module docstring)."""
+    p = links[1].eqn.params
+    kh, kw = links[1].w.shape[:2]
+    cout = links[2].w.shape[-1]
+    probe = _tiles.plan(
+        x_shape, (kh, kw, x_shape[-1], cout), strides=p["window_strides"],
+        padding=p["padding"], dilation=p["rhs_dilation"],
+    )  # fmt: skip
+    return _tiles.plan(
+        x_shape, (kh, kw, x_shape[-1], cout), strides=p["window_strides"],
+        padding=p["padding"], dilation=p["rhs_dilation"], tile=chain_tile(probe.ho, probe.wo),
+    )  # fmt: skip
+
+
+def _unpadded(eqn):
+    """The depthwise equation with no padding, for windows that carry it."""
+    return eqn.replace(params={**eqn.params, "padding": ((0, 0), (0, 0))})
+
+
+def _chain_unbatched(x, ws, reuse_mask, cached, ops, pix, links, p):
+    b_valid = dataclasses.replace(links[1], eqn=_unpadded(links[1].eqn))
+    dirty = _tiles.tile_dirty(reuse_mask, p)
+    use_dense, units = _tiles.schedule(dirty.sum(), p)
+    (ply, _), (plx, _) = p.pads
+    sy, sx = p.strides
+
+    def step(out, start, size, xp, ws, origins, ops, pix):
+        o = lax.dynamic_slice_in_dim(origins, start, size)
+        at_tiles = tuple(_xla.gather_tiles(q, o, p.th, p.tw) for q in pix)
+        la, lb, lc = _relinked((links[0], b_valid, links[2]), ws, ops, at_tiles)
+        win = _xla.gather_windows(xp, o, p)
+        rows = o[:, 1:2] * sy + jnp.arange(p.win_h)[None] - ply
+        cols = o[:, 2:3] * sx + jnp.arange(p.win_w)[None] - plx
+        inside = ((rows >= 0) & (rows < p.h))[:, :, None] & ((cols >= 0) & (cols < p.w))[:, None]
+        ya = _apply(la, dense_conv_eqn(la.eqn, [win, la.w]))
+        ya = jnp.where(inside[..., None], ya, jnp.zeros((), ya.dtype))
+        yb = _apply(lb, dense_conv_eqn(lb.eqn, [ya, lb.w]))
+        return _xla.scatter_tiles(out, o, _apply(lc, dense_conv_eqn(lc.eqn, [yb, lc.w])))
+
+    def dense(x, ws, dirty, ops, pix):
+        return dense_chain(x, _relinked(links, ws, ops, pix))
+
+    def prepare(x, ws, dirty, ops, pix):  # once a frame: the dirty list and the padding
+        origins = _tiles.dirty_tile_list(dirty, p, p.capacity)
+        return _tiles.pad_input(x, p), ws, origins, ops, pix
+
+    return _xla.sparse_or_dense(
+        cached, units, p.sizes, step, use_dense, dense, (x, ws, dirty, ops, pix), prepare
+    )
+
+
+def chain_masked_conv(
+    x: jax.Array, links: Sequence[Link], reuse_mask: jax.Array, cached: jax.Array
+) -> jax.Array:
+    """The chain's output: fresh on the dirty tiles, ``cached`` elsewhere.
+
+    Args:
+        x: (N, H, W, Cin) input of the expansion.
+        links: the three `Link` (expansion, depthwise, projection).
+        reuse_mask: (N, Ho, Wo) bool, true where the output may be reused.
+        cached: (N, Ho, Wo, Cout), the output of the chain's last epilogue.
+
+    Under `jax.vmap` the streams are folded into N (one dirty list for all),
+    unless weights or per-channel operands differ per stream, which then run
+    `reference_chain` per stream.
+    """
+    links = tuple(links)
+    if len(links) != 3:
+        raise ValueError(f"dcjax: a chain has three links, got {len(links)}")
+    for link in links[:2]:
+        if link.epilogue is not None and link.epilogue.pixel_operands:
+            raise ValueError("dcjax: only the last link of a chain may read pixel operands")
+    ws = tuple(link.w for link in links)
+    ops = tuple(link.epilogue.operands if link.epilogue else () for link in links)
+    pix = tuple(links[2].epilogue.pixel_operands) if links[2].epilogue else ()
+
+    @jax.custom_batching.custom_vmap
+    def run(x, ws, reuse_mask, cached, ops, pix):
+        return _chain_unbatched(x, ws, reuse_mask, cached, ops, pix, links, _plan(x.shape, links))
+
+    @run.def_vmap
+    def _run_vmap(axis_size, in_batched, x, ws, reuse_mask, cached, ops, pix):
+        x_b, ws_b, m_b, c_b, ops_b, pix_b = in_batched
+        if any(jax.tree_util.tree_leaves((ws_b, ops_b))):
+
+            def one(x, ws, m, c, ops, pix):
+                now = _relinked(links, ws, ops, pix)
+                return reference_chain(x, now, m, c)
+
+            axes = jax.tree_util.tree_map(lambda b: 0 if b else None, tuple(in_batched))
+            return jax.vmap(one, in_axes=axes)(x, ws, reuse_mask, cached, ops, pix), True
+
+        def fold(q, batched):
+            if not batched:
+                q = jnp.broadcast_to(q, (axis_size, *q.shape))
+            return q.reshape((axis_size * q.shape[1], *q.shape[2:]))
+
+        n = (x if x_b else reuse_mask if m_b else cached).shape[1]
+        pix = tuple(fold(q, b) for q, b in zip(pix, pix_b, strict=True))
+        out = run(fold(x, x_b), ws, fold(reuse_mask, m_b), fold(cached, c_b), ops, pix)
+        return out.reshape((axis_size, n, *out.shape[1:])), True
+
+    return run(x, ws, reuse_mask, cached, ops, pix)
+
+
+def _relinked(links, ws, ops, pix) -> tuple[Link, ...]:
+    """``links`` with weights ``ws``, per-channel operands ``ops`` and the last
+    link's pixel operands ``pix``."""
+    out = []
+    for i, (link, w, o) in enumerate(zip(links, ws, ops, strict=True)):
+        epi = link.epilogue
+        if epi is not None:
+            epi = dataclasses.replace(epi, operands=o, pixel_operands=pix if i == 2 else ())
+        out.append(Link(eqn=link.eqn, w=w, epilogue=epi))
+    return tuple(out)
