@@ -159,7 +159,10 @@ class CachedModel:
             layer is computed in full on every frame and keeps no state, as
             small and thin layers on CPU are under ``kernel="auto"``, see
             `dcjax.kernels.auto`, every plain layer under ``"dense"``, and
-            every layer with semantic exits that never reuse).
+            every layer with semantic exits that never reuse; or it is the
+            expansion or depthwise layer of an inverted-residual chain,
+            computed on dirty tiles with the chain's projection, which alone
+            keeps a cache: `Config.fuse_blocks`, `dcjax.kernels.chain`).
         total_flops: FLOPs of a full recompute: convolutions and matrix
             products (fully connected layers, computed on every frame).
         unsupported_primitives: primitives without a mask rule.
@@ -246,9 +249,9 @@ class CachedModel:
         )
         fused = config.fuse_epilogues and config.semantic is None and not tpu_pallas
         # Inverted-residual chains computed on dirty tiles as one (`kernels.chain`):
-        # under kernel="auto", with epilogues fused, without refinement or exits.
+        # `Config.fuse_blocks` (checked there: kernel="auto", no refinement or exits).
         self._chains: dict[int, tuple[int, int, int]] = {}
-        if fused and config.kernel == "auto" and config.refine is None and self._semantic is None:
+        if config.fuse_blocks and fused:
             self._chains = _conv_chains(self._analysis)
             self.keeps_cache = tuple(
                 keep if i not in self._chains else i == self._chains[i][2]
@@ -299,9 +302,10 @@ class CachedModel:
     @property
     def sparse(self) -> tuple[bool, ...]:
         """Per layer the step's infos report on (`layers`, then `dense_layers`),
-        whether it can skip work: a convolution that reuses its cache (not with
-        ``psnr_threshold=inf`` unless refinement reuses inside the network), a
-        fully connected layer that refinement updates by its changed inputs."""
+        whether it can skip work: a convolution that reuses its cache or is
+        computed with its inverted-residual chain (not with ``psnr_threshold=
+        inf`` unless refinement reuses inside the network), a fully connected
+        layer that refinement updates by its changed inputs."""
         never = self.config.psnr_threshold == float("inf") and self._refined is None
         convs = (
             (False,) * len(self.layers)

@@ -340,7 +340,7 @@ def test_vmap_over_streams_matches_single_streams():
 
 def test_chains_under_vmap_match_single_streams():
     """Streams pooled into one dirty-tile list give each stream's own outputs."""
-    cached = _cached("mobilenet", deepcache.Config())
+    cached = _cached("mobilenet", deepcache.Config(fuse_blocks=True))
     first = [_photo(SIZE, s) for s in range(2)]
     second = [f.copy() for f in first]
     second[0][4:12, 6:14] = 0.5  # a changed patch in each stream, at different places
@@ -574,12 +574,17 @@ def test_invariants_hold_with_every_kernel(name, kernel):
 
 
 def test_inverted_residual_chains_are_computed_as_one():
-    """Under kernel="auto" on CPU the block's three layers run on dirty tiles
+    """With fuse_blocks on CPU the block's three layers run on dirty tiles
     together (`dcjax.kernels.chain`), caching the projection only; a refresh, an
     identical frame and an exact translation give the model's output."""
     module, variables, ref = _model("mobilenet")
-    cached = _cached("mobilenet", deepcache.Config(refresh_every=100))
+    cached = _cached("mobilenet", deepcache.Config(fuse_blocks=True, refresh_every=100))
     per_layer = _cached("mobilenet", deepcache.Config(kernel="xla", refresh_every=100))
+    assert not _cached("mobilenet", deepcache.Config())._chains  # off by default
+    for bad in (dict(kernel="xla"), dict(fuse_epilogues=False),
+                dict(refine=deepcache.RefineConfig())):  # fmt: skip
+        with pytest.raises(ValueError, match="fuse_blocks"):
+            deepcache.Config(fuse_blocks=True, **bad)
     names = [layer.name for layer in cached.layers]
     if jax.default_backend() != "cpu":
         assert not cached._chains

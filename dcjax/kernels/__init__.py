@@ -11,6 +11,9 @@ Public API:
   sparse kernel does); `work_fraction`: fraction of the dense work the `xla`
   kernel actually runs (its bucket capacity / tiles, 0 or 1).
 - `choose_impl`: what ``impl="auto"`` picks for a layer on a backend.
+- `dcjax.kernels.chain`: an inverted-residual block (1x1 expansion, depthwise,
+  1x1 projection) computed on dirty tiles as one, which the transform uses
+  with ``Config(fuse_blocks=True)`` on CPU.
 - `Epilogue`: an elementwise per-channel map (batch norm, bias, activation)
   that the kernels apply to the outputs they compute, so that reused pixels
   skip it too (``masked_conv(..., epilogue=...)``).

@@ -30,8 +30,10 @@ dense block's time at 15 / 30 / 45 % of the tiles dirty): 112x112x16 ->
 another run); 56x56 -> 5x5/2 -> 40 (0.70 ms) 0.39 / 0.46 / 0.58; 28x28x40
 -> 240 -> 5x5 -> 40 (0.99 ms) 0.33 / 0.59 / 0.58. Without an expansion
 (depthwise then projection) the window's halo costs more than it saves, so
-chains start at an expansion. `chain_pays` is the rule `kernel="auto"`
-applies; the end-to-end effect is in `dcjax.deepcache`'s docs.
+chains start at an expansion. `chain_pays` is the rule the transform
+applies with ``Config(fuse_blocks=True)``; the end-to-end effect (faster,
+and less exact than computing those layers in full) is in
+`dcjax.config.Config`'s docs.
 
 Off CPU (`dcjax._loops.skipping_pays` false) chains are not formed: the
 per-layer kernels and their Pallas forms apply there.
@@ -86,8 +88,8 @@ def chain_tile(ho: int, wo: int) -> tuple[int, int]:
 
 
 def chain_pays(out_hw: tuple[int, int]) -> bool:
-    """Whether ``kernel="auto"`` computes a chain by tiles: on CPU, with an
-    output of at least `CHAIN_MIN_SIDE` pixels a side.
+    """Whether a chain is computed by tiles (``Config(fuse_blocks=True)``): on
+    CPU, with an output of at least `CHAIN_MIN_SIDE` pixels a side.
 
     On EfficientNet-Lite0 over vtest (`dcjax profile`, 40 frames; ms a frame,
     no cache -> cached step with chains from 28 pixels) block1 (112 -> 56)
