@@ -1031,9 +1031,11 @@ def _reads_frame(analysis, n_layers: int) -> tuple[bool, ...]:
     return tuple(out)
 
 
-class _Deferred(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class _Deferred:
     """A chain's layer (`_conv_chains`) whose output is computed with the
-    chain's last layer: what the interpreter holds in place of that output."""
+    chain's last layer: what the interpreter holds in place of that output
+    (not an array, nor a pytree, so that any other use of it fails loudly)."""
 
     eqn: Any
     invals: list

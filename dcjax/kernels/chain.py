@@ -55,16 +55,22 @@ from dcjax.kernels.masked import Epilogue, dense_conv_eqn
 
 __all__ = [
     "CHAIN_MIN_SIDE",
+    "CHAIN_TILE",
     "Link",
     "chain_masked_conv",
     "chain_pays",
-    "chain_tile",
     "dense_chain",
     "reference_chain",
 ]
 
 #: The smallest output side (pixels) on which a chain is computed by tiles.
 CHAIN_MIN_SIDE: int = 56
+#: Output tile of a chain (clipped to the map). Smaller tiles cover less clean
+#: area around the dirty pixels, larger ones recompute less halo; on
+#: EfficientNet-Lite0 over vtest (120 frames, paired, one process, two passes)
+#: 4 x 4 tiles ran the cached step 0.15 ms a frame faster than 8 x 8, and
+#: 14 x 14 ones 0.1-0.2 ms slower, all within noise.
+CHAIN_TILE: tuple[int, int] = (4, 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,17 +80,6 @@ class Link:
     eqn: Any
     w: jax.Array
     epilogue: Epilogue | None = None
-
-
-def chain_tile(ho: int, wo: int) -> tuple[int, int]:
-    """Output tile of a chain: 4 x 4 pixels (clipped to the map).
-
-    Smaller tiles cover less clean area around the dirty pixels and larger ones
-    recompute less halo; on EfficientNet-Lite0 over vtest (120 frames, paired,
-    one process, two passes) 4 x 4 tiles ran the cached step 0.15 ms a frame
-    faster than 8 x 8 and 14 x 14 ones 0.1-0.2 ms slower, all within noise.
-    """
-    return min(4, ho), min(4, wo)
 
 
 def chain_pays(out_hw: tuple[int, int]) -> bool:
@@ -128,14 +123,9 @@ def _plan(x_shape, links: Sequence[Link]) -> _tiles.TilePlan:
     """The tile plan of the depthwise layer's window over ``x`` (see the module docstring)."""
     p = links[1].eqn.params
     kh, kw = links[1].w.shape[:2]
-    cout = links[2].w.shape[-1]
-    probe = _tiles.plan(
-        x_shape, (kh, kw, x_shape[-1], cout), strides=p["window_strides"],
-        padding=p["padding"], dilation=p["rhs_dilation"],
-    )  # fmt: skip
     return _tiles.plan(
-        x_shape, (kh, kw, x_shape[-1], cout), strides=p["window_strides"],
-        padding=p["padding"], dilation=p["rhs_dilation"], tile=chain_tile(probe.ho, probe.wo),
+        x_shape, (kh, kw, x_shape[-1], links[2].w.shape[-1]), strides=p["window_strides"],
+        padding=p["padding"], dilation=p["rhs_dilation"], tile=CHAIN_TILE,
     )  # fmt: skip
 
 

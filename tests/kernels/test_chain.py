@@ -69,7 +69,7 @@ CASES = [
     (16, 3, 3, 1, ((1, 1), (1, 1)), True),
     (20, 2, 3, 2, ((0, 1), (0, 1)), False),  # TensorFlow SAME padding at stride 2
     (18, 2, 5, 2, ((1, 2), (1, 2)), False),
-    (14, 2, 5, 1, ((2, 2), (2, 2)), True),  # 4x4 tiles, partial last tile
+    (14, 2, 5, 1, ((2, 2), (2, 2)), True),  # the last tile row clamped
 ]
 
 
@@ -122,9 +122,10 @@ def test_streams_under_vmap_are_pooled_and_match_single_streams():
     rng = np.random.default_rng(3)
     x, links, out_shape = _chain(rng, 1, 16, 4, 2, 3, 1, ((1, 1), (1, 1)), False)
     xs = jnp.stack([x, x[:, ::-1]])
-    corner = np.ones(out_shape[:3], bool)
-    corner[:, 2:5, 1:6] = False  # one dirty 8x8 tile of four
-    masks = jnp.stack([jnp.asarray(corner), _mask(rng, out_shape[:3], 0.6)])
+    masks = np.ones((2, *out_shape[:3]), bool)  # 16x16 maps: 16 tiles of 4x4 each
+    masks[0, :, 2:5, 1:6] = False  # 4 dirty tiles
+    masks[1, :, 8:16] = False  # 8 dirty tiles
+    masks = jnp.asarray(masks)
     caches = jnp.asarray(rng.standard_normal((2, *out_shape)), jnp.float32)
 
     def one(x, m, c):
@@ -138,8 +139,8 @@ def test_streams_under_vmap_are_pooled_and_match_single_streams():
         # a reusable pixel holds the cache or its fresh value, whole
         keep = np.all(got[i] == c, axis=-1)
         np.testing.assert_allclose(got[i][m & ~keep], fresh[m & ~keep], rtol=1e-5, atol=1e-5)
-    # pooled: 5 dirty tiles of 8, under the dense threshold; stream 0 kept 3 tiles
-    assert np.all(got[0] == np.asarray(caches[0]), axis=-1).sum() == 3 * 64
+    # pooled: 12 dirty tiles of 32, under the dense threshold; stream 0 kept 12 tiles
+    assert np.all(got[0] == np.asarray(caches[0]), axis=-1).sum() == 12 * 16
 
 
 def test_a_chain_needs_three_links_and_pixels_only_at_its_end():
@@ -158,4 +159,6 @@ def test_chains_pay_on_cpu_from_56_pixels_a_side():
     assert chain.chain_pays((56, 56)) is on_cpu
     assert chain.chain_pays((112, 64)) is on_cpu
     assert not chain.chain_pays((28, 28)) and not chain.chain_pays((56, 28))
-    assert chain.chain_tile(56, 56) == (4, 4) and chain.chain_tile(3, 8) == (3, 4)
+    x, links, _ = _chain(np.random.default_rng(0), 1, 14, 4, 2, 3, 1, ((1, 1), (1, 1)), False)
+    p = chain._plan(x.shape, links)
+    assert (p.th, p.tw, p.nty, p.ntx) == (4, 4, 4, 4)  # the last tile clamped (14 = 3*4 + 2)
