@@ -191,33 +191,14 @@ def chain_masked_conv(
     ops = tuple(link.epilogue.operands if link.epilogue else () for link in links)
     pix = tuple(links[2].epilogue.pixel_operands) if links[2].epilogue else ()
 
-    @jax.custom_batching.custom_vmap
-    def run(x, ws, reuse_mask, cached, ops, pix):
-        return _chain_unbatched(x, ws, reuse_mask, cached, ops, pix, links, _plan(x.shape, links))
+    def unbatched(x, ws, reuse_mask, cached, epi_ops):
+        p = _plan(x.shape, links)
+        return _chain_unbatched(x, ws, reuse_mask, cached, *epi_ops, links, p)
 
-    @run.def_vmap
-    def _run_vmap(axis_size, in_batched, x, ws, reuse_mask, cached, ops, pix):
-        x_b, ws_b, m_b, c_b, ops_b, pix_b = in_batched
-        if any(jax.tree_util.tree_leaves((ws_b, ops_b))):
+    def per_stream(x, ws, m, c, ops, pix):
+        return reference_chain(x, _relinked(links, ws, ops, pix), m, c)
 
-            def one(x, ws, m, c, ops, pix):
-                now = _relinked(links, ws, ops, pix)
-                return reference_chain(x, now, m, c)
-
-            axes = jax.tree_util.tree_map(lambda b: 0 if b else None, tuple(in_batched))
-            return jax.vmap(one, in_axes=axes)(x, ws, reuse_mask, cached, ops, pix), True
-
-        def fold(q, batched):
-            if not batched:
-                q = jnp.broadcast_to(q, (axis_size, *q.shape))
-            return q.reshape((axis_size * q.shape[1], *q.shape[2:]))
-
-        n = (x if x_b else reuse_mask if m_b else cached).shape[1]
-        pix = tuple(fold(q, b) for q, b in zip(pix, pix_b, strict=True))
-        out = run(fold(x, x_b), ws, fold(reuse_mask, m_b), fold(cached, c_b), ops, pix)
-        return out.reshape((axis_size, n, *out.shape[1:])), True
-
-    return run(x, ws, reuse_mask, cached, ops, pix)
+    return _xla.pooled(unbatched, per_stream)(x, ws, reuse_mask, cached, (ops, pix))
 
 
 def _relinked(links, ws, ops, pix) -> tuple[Link, ...]:

@@ -57,6 +57,7 @@ __all__ = [
     "epilogue_parts",
     "gather_tiles",
     "gather_windows",
+    "pooled",
     "pooled_over_streams",
     "rgb_pays",
     "scatter_tiles",
@@ -545,6 +546,19 @@ def pooled_over_streams(unbatched, strides, padding, dilation, groups, fn=None):
     fall back to the dense reference per stream.
     """
 
+    def per_stream(x, w, m, c, ops, pix):
+        fresh = conv(x, w, strides=strides, padding=padding, dilation=dilation, groups=groups)
+        return jnp.where(m[..., None], c.astype(fresh.dtype), apply_epilogue(fn, fresh, ops, pix))
+
+    return pooled(unbatched, per_stream)
+
+
+def pooled(unbatched, per_stream):
+    """`pooled_over_streams` for any kernel: ``unbatched(x, w, mask, cached,
+    (ops, pix))`` with streams folded into N under `jax.vmap`, and
+    ``per_stream(x, w, mask, cached, ops, pix)`` (a dense reference) run per
+    stream where ``w`` or ``ops`` (pytrees) differ between streams."""
+
     @jax.custom_batching.custom_vmap
     def run(x, w, reuse_mask, cached, epi_ops):
         return unbatched(x, w, reuse_mask, cached, epi_ops)
@@ -553,23 +567,12 @@ def pooled_over_streams(unbatched, strides, padding, dilation, groups, fn=None):
     def _run_vmap(axis_size, in_batched, x, w, reuse_mask, cached, epi_ops):
         x_b, w_b, m_b, c_b, (ops_b, pix_b) = in_batched
         ops, pix = epi_ops
-        if w_b or any(ops_b):
+        if any(jax.tree_util.tree_leaves((w_b, ops_b))):
             # Per-stream weights: no pooling possible; compute densely per stream.
-            def one(x, w, m, c, ops, pix):
-                fresh = conv(
-                    x, w, strides=strides, padding=padding, dilation=dilation, groups=groups
-                )
-                return jnp.where(
-                    m[..., None],
-                    c.astype(fresh.dtype),
-                    apply_epilogue(fn, fresh, ops, pix),
-                )
-
-            axes = tuple(0 if b else None for b in in_batched[:4]) + (
-                tuple(0 if b else None for b in ops_b),
-                tuple(0 if b else None for b in pix_b),
+            axes = jax.tree_util.tree_map(
+                lambda b: 0 if b else None, (x_b, w_b, m_b, c_b, ops_b, pix_b)
             )
-            return jax.vmap(one, in_axes=axes)(x, w, reuse_mask, cached, ops, pix), True
+            return jax.vmap(per_stream, in_axes=axes)(x, w, reuse_mask, cached, ops, pix), True
 
         def fold(a, batched):
             if not batched:
@@ -577,7 +580,7 @@ def pooled_over_streams(unbatched, strides, padding, dilation, groups, fn=None):
             return a.reshape((axis_size * a.shape[1], *a.shape[2:]))
 
         n = (x if x_b else reuse_mask if m_b else cached).shape[1]
-        pix = tuple(fold(q, b) for q, b in zip(pix, pix_b))
+        pix = tuple(fold(q, b) for q, b in zip(pix, pix_b, strict=True))
         out = run(fold(x, x_b), w, fold(reuse_mask, m_b), fold(cached, c_b), (ops, pix))
         return out.reshape((axis_size, n, *out.shape[1:])), True
 

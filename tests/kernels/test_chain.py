@@ -162,3 +162,22 @@ def test_chains_pay_on_cpu_from_56_pixels_a_side():
     x, links, _ = _chain(np.random.default_rng(0), 1, 14, 4, 2, 3, 1, ((1, 1), (1, 1)), False)
     p = chain._plan(x.shape, links)
     assert (p.th, p.tw, p.nty, p.ntx) == (4, 4, 4, 4)  # the last tile clamped (14 = 3*4 + 2)
+
+
+def test_per_stream_weights_under_vmap_run_the_reference_per_stream():
+    rng = np.random.default_rng(5)
+    x, links, out_shape = _chain(rng, 1, 16, 4, 2, 3, 1, ((1, 1), (1, 1)), False)
+    mask = _mask(rng, out_shape[:3], 0.5)
+    cached = jnp.asarray(rng.standard_normal(out_shape), jnp.float32)
+    last = links[2]
+
+    def one(w):
+        relinked = (*links[:2], chain.Link(last.eqn, w, last.epilogue))
+        return chain.chain_masked_conv(x, relinked, mask, cached)
+
+    ws = jnp.stack([last.w, -2.0 * last.w])
+    got = jax.vmap(one)(ws)
+    for i in range(2):
+        relinked = (*links[:2], chain.Link(last.eqn, ws[i], last.epilogue))
+        want = chain.reference_chain(x, relinked, mask, cached)
+        np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-5)
