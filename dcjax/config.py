@@ -207,7 +207,9 @@ class Config:
             they reuse; but reused block outputs flip its near-tied top-1 on
             a few frames: agreement with no cache 95 % over the demo's 80
             frames and 96.7 % over 30 (100 % without), 63 % over box's 30
-            (80 %).
+            (80 %). The step's ``flops_ratio`` counts a chain's layers by
+            their own masks; the chain computes more (each dirty tile's
+            window with its halo, everything on its dense path).
         skip_unchanged: when every input pixel is reusable and the motion is
             zero (a still scene), return the previous output and keep every
             cache as it is, without running the network: every layer's mask is

@@ -355,7 +355,10 @@ def test_chains_under_vmap_match_single_streams():
             single, state, single_info = cached.step(state, frame)
         _close(outs[i], single)
         np.testing.assert_array_equal(info["reuse_fraction"][i], single_info["reuse_fraction"])
-    tail = max(cached._chains.values())[2] if cached._chains else 0
+    if jax.default_backend() != "cpu":
+        return
+    assert cached._chains
+    tail = max(cached._chains.values())[2]
     assert np.all((0 < info["reuse_fraction"][:, tail]) & (info["reuse_fraction"][:, tail] < 1))
 
 
@@ -604,13 +607,16 @@ def test_inverted_residual_chains_are_computed_as_one():
     moved = deepcache.Match(motion=jnp.array([-s, 2 * s]), mask=jnp.asarray(mask))
     states = [cached.init(), per_layer.init()]
     for frame, match in ((prev, still), (prev, still), (cur, moved)):
-        outs = []
+        outs, infos = [], []
         for k, c in enumerate((cached, per_layer)):
             out, states[k], info = c.step(states[k], frame, match=match)
             _close(out, ref(frame))
             outs.append(out)
-        fractions = np.asarray(info["reuse_fraction"])
+            infos.append(info)
         _close(outs[0], outs[1])
+        # the chain's layers report their own masks, as computed layer by layer
+        np.testing.assert_array_equal(infos[0]["reuse_fraction"], infos[1]["reuse_fraction"])
+    fractions = np.asarray(infos[0]["reuse_fraction"])
     assert 0.3 < fractions[chain[2]] < 1.0, fractions
 
 

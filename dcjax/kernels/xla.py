@@ -579,7 +579,8 @@ def pooled(unbatched, per_stream):
                 a = jnp.broadcast_to(a, (axis_size, *a.shape))
             return a.reshape((axis_size * a.shape[1], *a.shape[2:]))
 
-        n = (x if x_b else reuse_mask if m_b else cached).shape[1]
+        batched = ((x, x_b), (reuse_mask, m_b), (cached, c_b), *zip(pix, pix_b, strict=True))
+        n = next(a.shape[1] for a, b in batched if b)  # the batch N inside one stream
         pix = tuple(fold(q, b) for q, b in zip(pix, pix_b, strict=True))
         out = run(fold(x, x_b), w, fold(reuse_mask, m_b), fold(cached, c_b), (ops, pix))
         return out.reshape((axis_size, n, *out.shape[1:])), True
