@@ -21,6 +21,7 @@ status 2 (``dcjax: error: argument --frames: ...``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -258,12 +259,25 @@ def _check_model(sub: argparse.ArgumentParser, arg: str, name: str) -> None:
 
 
 def _check_method(sub: argparse.ArgumentParser, arg: str, spec: str) -> None:
-    from dcjax.eval.methods import parse_method
+    """The method's name and options, checked without a model (`methods.check_method`)."""
+    from dcjax.eval.methods import check_method
 
     try:
-        parse_method(spec)
+        check_method(spec)
     except ValueError as e:
-        sub.error(f"argument {arg}: {e}")
+        sub.error(f"argument {arg}: {str(e).removeprefix('dcjax: ')}")
+
+
+@contextlib.contextmanager
+def _method_errors(sub: argparse.ArgumentParser, arg: str):
+    """Options a method refuses for this model (`methods.MethodOptionError`, raised
+    while building its runner) as a one-line error naming ``arg``, exit status 2."""
+    from dcjax.eval.methods import MethodOptionError
+
+    try:
+        yield
+    except MethodOptionError as e:
+        sub.error(f"argument {arg}: {str(e).removeprefix('dcjax: ')}")
 
 
 def _check_video(sub: argparse.ArgumentParser, arg: str, path: str) -> str:
@@ -403,8 +417,9 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     print(f"dcjax demo: {weights} {args.model} on {args.video} ({len(frames)} frames at "
           f"{spec.frame_shape[0]}x{spec.frame_shape[1]}), without and with {args.method}; "
           "compiling first (about a minute)...", flush=True)  # fmt: skip
-    ev = harness.evaluate(spec, frames, ["nocache", args.method], video_label=args.video,
-                          progress=not args.no_progress)  # fmt: skip
+    with _method_errors(sub, "--method"):
+        ev = harness.evaluate(spec, frames, ["nocache", args.method], video_label=args.video,
+                              progress=not args.no_progress)  # fmt: skip
     rec = ev.records[1]
     print()
     print(_table(_short_rows(ev.records)))
@@ -465,8 +480,9 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     fps = video.info(path).fps or 10.0
     spec, _ = _load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=fps)
     frames = harness.load_frames(path, spec.frame_shape, frames=args.frames, start=args.start)
-    ev = harness.evaluate(spec, frames, ["nocache", args.method], video_label=args.video,
-                          progress=not args.no_progress)  # fmt: skip
+    with _method_errors(sub, "--method"):
+        ev = harness.evaluate(spec, frames, ["nocache", args.method], video_label=args.video,
+                              progress=not args.no_progress)  # fmt: skip
     print(_table(_short_rows(ev.records)))
     if args.json:
         bench.write_json(args.json, ev.records)
@@ -499,7 +515,8 @@ def _profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     frames = harness.load_frames(path, spec.frame_shape, frames=args.frames, start=args.start)
     results = []
     for spec_text in _progress(args.methods, args.no_progress, f"profiling {args.model}"):
-        runner = methods.make_runner(spec, *methods.parse_method(spec_text))
+        with _method_errors(sub, "--methods"):
+            runner = methods.make_runner(spec, *methods.parse_method(spec_text))
         runner = runner.timed() if runner.timed is not None else runner  # what bench times
         try:
             results.append((spec_text, profile.profile(runner, frames, warmup=_PROFILE_WARMUP)))
@@ -575,14 +592,15 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         records.append(record)
         bench.write_json(args.json, records)  # partial results survive an interrupt
 
-    records_out, matcher_rows = bench.run_bench(
-        model_names, args.videos, methods, frames=args.frames, start=args.start,
-        pretrained=pretrained,
-        width=args.width, thresholds=args.thresholds, blocks=args.blocks,
-        deltas=args.deltas,
-        matchers=matchers or (), progress=not args.no_progress, on_record=keep,
-        profile=args.profile,
-    )  # fmt: skip
+    with _method_errors(sub, "--methods"):  # records so far are in args.json already
+        records_out, matcher_rows = bench.run_bench(
+            model_names, args.videos, methods, frames=args.frames, start=args.start,
+            pretrained=pretrained,
+            width=args.width, thresholds=args.thresholds, blocks=args.blocks,
+            deltas=args.deltas,
+            matchers=matchers or (), progress=not args.no_progress, on_record=keep,
+            profile=args.profile,
+        )  # fmt: skip
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     xla_flags = os.environ.get("XLA_FLAGS", "")
     for record in records_out:

@@ -27,6 +27,10 @@ TINY = ["--model", "dave", "--width", "0.25", "--frames", "3", "--no-progress"]
         (["run", "vtest", "--model", "nope"], "--model"),
         (["run", "vtest", "--model", "dave", "--method", "bogus"], "--method"),
         (["run", "vtest", "--model", "dave", "--method", "deepcache:x"], "--method"),
+        (["run", "vtest", "--model", "dave", "--method", "deepcache:block_size=-3"], "--method"),
+        (["run", "vtest", "--model", "dave", "--method", "mil:fraction=2"], "--method"),
+        (["bench", "--methods", "nocache", "deepmon:grid=(4,0)"], "--methods"),
+        (["profile", "vtest", "--model", "dave", "--methods", "frame:min_match=2"], "--methods"),
         (["run", "vtest", "--model", "dave", "--frames", "1"], "--frames"),
         (["bench", "--frames", "ten"], "--frames"),
         (["bench", "--models", "dave", "nope"], "--models"),
@@ -54,6 +58,19 @@ def test_bad_arguments_exit_2_with_one_line(argv, named, capsys):
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("dcjax: error:") and named in lines[0]
+
+
+def test_options_the_model_refuses_exit_2_with_one_line(tmp_path, capsys):
+    # only the method's factory, with the model loaded, can tell that a layer is unknown
+    out_json = tmp_path / "b.json"
+    argv = ["bench", "--models", "dave", "--width", "0.25", "--frames", "3", "--no-progress",
+            "--videos", "vtest", "--methods", "nocache", "deepcache+refine:layers=('nope',)",
+            "--json", str(out_json)]  # fmt: skip
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--methods" in lines[0] and "nope" in lines[0], lines
 
 
 def test_module_entry_point_bad_argument():

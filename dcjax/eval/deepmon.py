@@ -40,13 +40,17 @@ from dcjax.eval.methods import (
     ModelSpec,
     Runner,
     cached_layers,
-    check_options,
+    checked_options,
     config_dict,
     deepcache_config,
+    number,
+    one_of,
+    positive_int,
     register_method,
     transform,
     with_timed_twin,
 )
+from dcjax.kernels import IMPLS
 
 __all__ = ["DEFAULTS", "default_first_convs"]
 
@@ -78,12 +82,42 @@ def default_first_convs(layers, max_stride: int = 4) -> int:
     return max(n, 1) if layers else 0
 
 
-@register_method("deepmon", "DeepMon: histogram cells, same position, first convolutions only")
+def _grid(value: Any) -> tuple[int, int]:
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ValueError("must be a pair of positive ints, (rows, columns)")
+    return positive_int(value[0]), positive_int(value[1])
+
+
+def _first_convs(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("must be None or an int >= 0")
+    return value
+
+
+_RULES = {
+    "first_convs": _first_convs,
+    "max_stride": positive_int,
+    "expiry_s": number(lo=1e-9),
+    "grid": _grid,
+    "bins": positive_int,
+    "distance_threshold": number(lo=0.0),
+    "kernel": one_of(IMPLS),
+}
+
+
+def _options(options: Mapping[str, Any]) -> dict[str, Any]:
+    return checked_options("deepmon", options, DEFAULTS, _RULES)
+
+
+@register_method(
+    "deepmon",
+    "DeepMon: histogram cells, same position, first convolutions only",
+    check=_options,
+)
 def _deepmon(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
-    allowed = {"first_convs", "max_stride", "expiry_s", "grid", "bins", "distance_threshold",
-               "kernel"}  # fmt: skip
-    check_options("deepmon", options, allowed)
-    opts = {**DEFAULTS, **options}
+    opts = _options(options)
     refresh_every = max(1, round(float(opts["expiry_s"]) * spec.fps))
     matcher_options = {
         "grid": tuple(opts["grid"]),
@@ -108,10 +142,7 @@ def _deepmon(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
         cached = transform(spec, cfg)
         first = opts.get("first_convs")
         if first is None:
-            first = default_first_convs(cached.layers, int(opts["max_stride"]))
-        first = int(first)
-        if first < 0:
-            raise ValueError(f"dcjax: deepmon first_convs must be >= 0, got {first}")
+            first = default_first_convs(cached.layers, opts["max_stride"])
         allowed_layers = jnp.arange(len(cached.layers)) < first
 
         @jax.jit

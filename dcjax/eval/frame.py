@@ -27,7 +27,16 @@ import jax.numpy as jnp
 from jax import lax
 
 from dcjax import matching
-from dcjax.eval.methods import ModelSpec, Runner, check_options, fast_apply, register_method
+from dcjax.eval.methods import (
+    ModelSpec,
+    Runner,
+    checked_options,
+    fast_apply,
+    number,
+    optional_positive_int,
+    positive_int,
+    register_method,
+)
 
 __all__ = ["DEFAULTS"]
 
@@ -39,11 +48,24 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-@register_method("frame", "whole-output reuse when every block of the frame matches")
+_RULES = {
+    "block_size": positive_int,
+    "psnr_threshold": number(),
+    "min_match": number(0.0, 1.0),
+    "refresh_every": optional_positive_int,
+}
+
+
+def _options(options: Mapping[str, Any]) -> dict[str, Any]:
+    return checked_options("frame", options, DEFAULTS, _RULES)
+
+
+@register_method(
+    "frame", "whole-output reuse when every block of the frame matches", check=_options
+)
 def _frame(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
-    check_options("frame", options, set(DEFAULTS))
-    opts = {**DEFAULTS, **options}
-    block, thr = int(opts["block_size"]), float(opts["psnr_threshold"])
+    opts = _options(options)
+    block, thr = opts["block_size"], float(opts["psnr_threshold"])
     min_match, refresh_every = float(opts["min_match"]), opts["refresh_every"]
     layers = spec.layers
     n = len(layers)

@@ -34,6 +34,12 @@ imported at the bottom of it::
         return Runner(method="mymethod", init=init, step=step, layers=spec.layers,
                       config={...})
 
+``register_method(..., check=fn)`` lets ``fn(options)`` refuse bad options
+without a model (`check_method`; the command line calls it before loading
+anything): `deepcache_config`, or `checked_options` with per-option rules
+(`positive_int`, `number`, `one_of`). `make_runner` runs the check, then the
+factory, and raises `MethodOptionError` for what either refuses.
+
 A method spec on the command line is ``name`` or ``name:key=value,key=value``;
 values are parsed as Python literals where possible (``psnr_threshold=25``,
 ``matcher=diamond``, ``refresh_every=None``), see `parse_method`.
@@ -44,6 +50,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -63,16 +70,24 @@ __all__ = [
     "METHODS",
     "LayerFlops",
     "MethodInfo",
+    "MethodOptionError",
     "ModelSpec",
     "Runner",
+    "check_method",
     "check_options",
+    "checked_option",
+    "checked_options",
     "config_dict",
     "deepcache_config",
     "dense_conv",
     "fast_apply",
     "make_runner",
     "method_names",
+    "number",
+    "one_of",
+    "optional_positive_int",
     "parse_method",
+    "positive_int",
     "register_method",
     "state_bytes",
     "transform",
@@ -186,11 +201,20 @@ class Runner:
 
 @dataclasses.dataclass(frozen=True)
 class MethodInfo:
-    """A registered method: its factory and a one-line description."""
+    """A registered method: its factory, a one-line description, and ``check``:
+    ``check(options)`` raises ValueError for options the method refuses, without
+    a model (None: only the factory checks them)."""
 
     name: str
     factory: Callable[[ModelSpec, Mapping[str, Any]], Runner]
     description: str
+    check: Callable[[Mapping[str, Any]], Any] | None = None
+
+
+class MethodOptionError(ValueError):
+    """A method spec the method refuses: an unknown option, a bad value, or
+    options the model cannot take. `check_method` and `make_runner` raise it;
+    the command line reports it as a bad argument."""
 
 
 #: name -> `MethodInfo`; fill it with `register_method`.
@@ -198,9 +222,16 @@ METHODS: dict[str, MethodInfo] = {}
 
 
 def register_method(
-    name: str, description: str = ""
+    name: str,
+    description: str = "",
+    *,
+    check: Callable[[Mapping[str, Any]], Any] | None = None,
 ) -> Callable[[Callable[[ModelSpec, Mapping[str, Any]], Runner]], Callable]:
     """Register ``factory(spec, options) -> Runner`` under ``name``.
+
+    ``check(options)``, where given, validates the options without a model (so
+    that a command line refuses a bad method spec before loading anything) by
+    raising ValueError; the factory should validate through the same function.
 
     Raises:
         ValueError: ``name`` is already registered or contains ``:`` or ``,``.
@@ -211,7 +242,7 @@ def register_method(
     def deco(factory):
         if name in METHODS:
             raise ValueError(f"dcjax: method {name!r} is already registered")
-        METHODS[name] = MethodInfo(name, factory, description)
+        METHODS[name] = MethodInfo(name, factory, description, check)
         return factory
 
     return deco
@@ -234,6 +265,9 @@ def _literal(text: str) -> Any:
 def parse_method(spec: str) -> tuple[str, dict[str, Any]]:
     """``"deepcache:psnr_threshold=25,block_size=20"`` -> ``("deepcache", {...})``.
 
+    Values are Python literals where they parse as one, else strings; commas
+    inside brackets or quotes belong to the value (``grid=(4,4)``).
+
     Raises:
         ValueError: unknown method name or a malformed option, naming it.
     """
@@ -241,7 +275,7 @@ def parse_method(spec: str) -> tuple[str, dict[str, Any]]:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose from {', '.join(method_names())}")
     options: dict[str, Any] = {}
-    for item in filter(None, (s.strip() for s in rest.split(","))):
+    for item in filter(None, (s.strip() for s in _split_options(rest, spec))):
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise ValueError(f"method option {item!r} in {spec!r} must be key=value")
@@ -249,13 +283,74 @@ def parse_method(spec: str) -> tuple[str, dict[str, Any]]:
     return name, options
 
 
+def check_method(spec: str) -> tuple[str, dict[str, Any]]:
+    """`parse_method`, then the method's own check of the options (`MethodInfo.check`).
+
+    Raises:
+        ValueError: an unknown method or a malformed spec (`parse_method`);
+            `MethodOptionError`: options the method refuses.
+    """
+    name, options = parse_method(spec)
+    _check(name, options)
+    return name, options
+
+
+def _check(method: str, options: Mapping[str, Any]) -> None:
+    check = METHODS[method].check
+    if check is None:
+        return
+    try:
+        check(options)
+    except (TypeError, ValueError) as e:
+        raise MethodOptionError(_message(method, e)) from e
+
+
+def _message(method: str, e: Exception) -> str:
+    text = str(e).removeprefix("dcjax: ")
+    return f"dcjax: {text}" if repr(method) in text else f"dcjax: method {method!r}: {text}"
+
+
+def _split_options(text: str, spec: str) -> list[str]:
+    """``text`` split at the commas outside brackets and quotes, so that a value
+    may be a tuple or list literal: ``grid=(4,4)``, ``layers=['a','b']``."""
+    items, depth, quote, start = [], 0, "", 0
+    for i, c in enumerate(text):
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth or quote:
+        raise ValueError(f"unbalanced brackets or quotes in method spec {spec!r}")
+    return [*items, text[start:]]
+
+
 def make_runner(spec: ModelSpec, method: str, options: Mapping[str, Any] | None = None) -> Runner:
-    """Instantiate registered ``method`` for ``spec``."""
+    """Instantiate registered ``method`` for ``spec``.
+
+    Raises:
+        ValueError: an unknown method; `MethodOptionError`: options the method
+            refuses (`MethodInfo.check`), or that it cannot apply to this model
+            (any ValueError of its factory).
+    """
     if method not in METHODS:
         raise ValueError(
             f"dcjax: unknown method {method!r}; choose from {', '.join(method_names())}"
         )
-    return METHODS[method].factory(spec, dict(options or {}))
+    options = dict(options or {})
+    _check(method, options)
+    try:
+        return METHODS[method].factory(spec, options)
+    except MethodOptionError:
+        raise
+    except ValueError as e:
+        raise MethodOptionError(_message(method, e)) from e
 
 
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(Config)}
@@ -320,6 +415,79 @@ def check_options(method: str, options: Mapping[str, Any], allowed: set[str]) ->
         )
 
 
+def checked_options(
+    method: str,
+    options: Mapping[str, Any],
+    defaults: Mapping[str, Any],
+    rules: Mapping[str, Callable[[Any], Any]],
+) -> dict[str, Any]:
+    """``defaults`` updated by ``options``, each given value passed through its rule.
+
+    ``rules[key](value)`` returns the value to use, or raises ValueError saying
+    what it must be (`positive_int`, `optional_positive_int`, `number`,
+    `one_of`). Options without a rule are an error naming them (`check_options`).
+    """
+    check_options(method, options, set(rules))
+    return {**defaults, **{k: checked_option(k, v, rules[k]) for k, v in options.items()}}
+
+
+def checked_option(key: str, value: Any, rule: Callable[[Any], Any]) -> Any:
+    """``rule(value)``, whose ValueError names the option: ``option key=value must be ...``."""
+    try:
+        return rule(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"dcjax: option {key}={value!r} {e}") from None
+
+
+def positive_int(value: Any) -> int:
+    """An option rule (`checked_options`): an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError("must be a positive int")
+    return value
+
+
+def optional_positive_int(value: Any) -> int | None:
+    """An option rule: None or an int >= 1."""
+    if value is None:
+        return None
+    try:
+        return positive_int(value)
+    except ValueError:
+        raise ValueError("must be None or a positive int") from None
+
+
+def number(lo: float = -math.inf, hi: float = math.inf) -> Callable[[Any], float]:
+    """An option rule: a number (not NaN) in ``[lo, hi]``, as a float."""
+
+    def rule(value: Any) -> float:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not lo <= float(value) <= hi
+        ):
+            if lo > -math.inf and hi < math.inf:
+                raise ValueError(f"must be a number in [{lo:g}, {hi:g}]")
+            if lo > -math.inf:
+                raise ValueError(f"must be a number >= {lo:g}")
+            if hi < math.inf:
+                raise ValueError(f"must be a number <= {hi:g}")
+            raise ValueError("must be a number")
+        return float(value)
+
+    return rule
+
+
+def one_of(choices: Sequence[str]) -> Callable[[Any], str]:
+    """An option rule: one of ``choices``."""
+
+    def rule(value: Any) -> str:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return value
+
+    return rule
+
+
 # --- the two core methods ---------------------------------------------------------------
 
 
@@ -357,7 +525,17 @@ def fast_apply(spec: ModelSpec) -> tuple[Callable[[Any, jax.Array], Any], list]:
     return apply, traced.leaves
 
 
-@register_method("nocache", "the jitted model, every frame computed in full (the baseline)")
+def _nocache_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    return checked_options(
+        "nocache", options, {"impl": "fast"}, {"impl": one_of(("fast", "plain", "const"))}
+    )
+
+
+@register_method(
+    "nocache",
+    "the jitted model, every frame computed in full (the baseline)",
+    check=_nocache_options,
+)
 def _nocache(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
     """``impl="fast"`` (default): grouped convolutions as the kernels' dense branch computes
     them; ``impl="plain"``: ``module.apply`` under `jax.jit`, XLA's own convolutions;
@@ -366,10 +544,7 @@ def _nocache(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
     their epilogues (the cached methods take the weights as arguments, as
     ``jax.jit(model.apply)(variables, x)`` does; this variant shows what that
     convention costs the baseline)."""
-    check_options("nocache", options, {"impl"})
-    impl = options.get("impl", "fast")
-    if impl not in ("fast", "plain", "const"):
-        raise ValueError(f"dcjax: nocache impl must be 'fast', 'plain' or 'const', got {impl!r}")
+    impl = _nocache_options(options)["impl"]
     layers = spec.layers
     n = len(layers)
     info = {
@@ -465,7 +640,11 @@ def cached_runner(method: str, spec: ModelSpec, cfg: Config) -> Runner:
     return with_timed_twin(build, cfg)
 
 
-@register_method("deepcache", "DeepCache: block matching, region propagation, sparse reuse")
+@register_method(
+    "deepcache",
+    "DeepCache: block matching, region propagation, sparse reuse",
+    check=deepcache_config,
+)
 def _deepcache(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
     return cached_runner("deepcache", spec, deepcache_config(options))
 

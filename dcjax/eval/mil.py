@@ -42,7 +42,11 @@ from dcjax.eval.methods import (
     LayerFlops,
     ModelSpec,
     Runner,
-    check_options,
+    checked_options,
+    number,
+    one_of,
+    optional_positive_int,
+    positive_int,
     register_method,
 )
 from dcjax.transforms.interpreter import FrameContext, evaluate
@@ -95,13 +99,27 @@ def block_match_map(
     return full[:h, :w]
 
 
-@register_method("mil", "matching internal layers: per-layer block tests on feature maps")
+_RULES = {
+    "block_size": positive_int,
+    "psnr_threshold": number(),
+    "refresh_every": optional_positive_int,
+    "fraction": number(0.0, 1.0),
+    "kernel": one_of(kernels.IMPLS),
+}
+
+
+def _options(options: Mapping[str, Any]) -> dict[str, Any]:
+    return checked_options("mil", options, DEFAULTS, _RULES)
+
+
+@register_method(
+    "mil", "matching internal layers: per-layer block tests on feature maps", check=_options
+)
 def _mil(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
-    check_options("mil", options, set(DEFAULTS))
-    opts = {**DEFAULTS, **options}
-    block, thr = int(opts["block_size"]), float(opts["psnr_threshold"])
+    opts = _options(options)
+    block, thr = opts["block_size"], float(opts["psnr_threshold"])
     refresh_every = opts["refresh_every"]
-    kernel = str(opts["kernel"])
+    kernel = opts["kernel"]
     traced = trace_model(spec.module, spec.variables, spec.frame_shape)
     n = len(traced.leaves)
     frame_sig = Spatial(axes=(1, 2), size=spec.frame_shape[:2], stride=(1, 1))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dcjax.config import RefineConfig
+from dcjax.config import Config, RefineConfig
 from dcjax.eval.methods import (
     ModelSpec,
     Runner,
@@ -30,22 +30,31 @@ __all__: list[str] = []
 _REFINE_FIELDS = ("delta", "metric", "layers")
 
 
-def _runner(method: str, spec: ModelSpec, options: Mapping[str, Any], **defaults) -> Runner:
+def _config(options: Mapping[str, Any], **defaults) -> Config:
     refine = {k: options[k] for k in _REFINE_FIELDS if k in options}
     if isinstance(refine.get("layers"), list):
         refine["layers"] = tuple(refine["layers"])
     rest = {k: v for k, v in options.items() if k not in _REFINE_FIELDS}
-    cfg = deepcache_config(rest, refine=RefineConfig(**refine), **defaults)
-    return cached_runner(method, spec, cfg)
+    return deepcache_config(rest, refine=RefineConfig(**refine), **defaults)
+
+
+def _delta_config(options: Mapping[str, Any]) -> Config:
+    return _config(options, matcher="none")
 
 
 @register_method(
-    "deepcache+refine", "DeepCache plus the bounded-error change test inside the network"
+    "deepcache+refine",
+    "DeepCache plus the bounded-error change test inside the network",
+    check=_config,
 )
 def _deepcache_refine(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
-    return _runner("deepcache+refine", spec, options)
+    return cached_runner("deepcache+refine", spec, _config(options))
 
 
-@register_method("delta", "the change test alone: no matcher, zero motion (DeltaCNN-like)")
+@register_method(
+    "delta",
+    "the change test alone: no matcher, zero motion (DeltaCNN-like)",
+    check=_delta_config,
+)
 def _delta(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
-    return _runner("delta", spec, options, matcher="none")
+    return cached_runner("delta", spec, _delta_config(options))

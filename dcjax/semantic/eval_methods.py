@@ -30,8 +30,10 @@ from dcjax.eval.methods import (
     ModelSpec,
     Runner,
     cached_layers,
+    checked_option,
     config_dict,
     deepcache_config,
+    optional_positive_int,
     register_method,
     transform,
 )
@@ -55,17 +57,37 @@ def _calibration_frames(spec: ModelSpec, source: str, count: int | None) -> np.n
     return np.stack(frames)
 
 
-def _runner(method: str, spec: ModelSpec, options: Mapping[str, Any], **defaults) -> Runner:
+def _config(options: Mapping[str, Any], **defaults) -> tuple[Config, str, int | None]:
+    """(config, calibration source, calibration frames) of a method's options."""
     options = dict(options)
-    source = str(options.pop("calibration", "box"))
-    count = options.pop("calib_frames", None)
+    source = options.pop("calibration", "box")
+    if not isinstance(source, str):
+        raise ValueError(f"option calibration={source!r} must be a clip name, a path or 'none'")
+    if source.lower() != "none":
+        from dcjax.eval import harness
+
+        try:
+            harness.resolve_video(source)
+        except FileNotFoundError as e:
+            raise ValueError(f"option calibration: {e}") from None
+    count = checked_option("calib_frames", options.pop("calib_frames", None), optional_positive_int)
     sem = {k: options.pop(k) for k in list(options) if k in _SEMANTIC_FIELDS}
     if isinstance(sem.get("exit_points"), (list, str)):
         ep = sem["exit_points"]
         sem["exit_points"] = tuple(ep.split("|")) if isinstance(ep, str) else tuple(ep)
-    if "tau" in sem:
+    if isinstance(sem.get("tau"), int) and not isinstance(sem["tau"], bool):
         sem["tau"] = float(sem["tau"])
-    cfg: Config = deepcache_config(options, semantic=SemanticConfig(**sem), **defaults)
+    cfg = deepcache_config(options, semantic=SemanticConfig(**sem), **defaults)
+    return cfg, source, count
+
+
+def _semantic_config(options: Mapping[str, Any]) -> tuple[Config, str, int | None]:
+    # never reusing: the step keeps no caches and computes convolutions as nocache does
+    return _config(options, psnr_threshold=float("inf"))
+
+
+def _runner(method: str, spec: ModelSpec, config: tuple[Config, str, int | None]) -> Runner:
+    cfg, source, count = config
     cached = transform(spec, cfg)
     if source.lower() != "none":
         cached.calibrate(_calibration_frames(spec, source, count))
@@ -86,12 +108,15 @@ def _runner(method: str, spec: ModelSpec, options: Mapping[str, Any], **defaults
     )
 
 
-@register_method("semantic", "SMTM semantic-memory early exits alone (no reuse)")
+@register_method(
+    "semantic", "SMTM semantic-memory early exits alone (no reuse)", check=_semantic_config
+)
 def _semantic(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
-    # never reusing: the step keeps no caches and computes convolutions as nocache does
-    return _runner("semantic", spec, options, psnr_threshold=float("inf"))
+    return _runner("semantic", spec, _semantic_config(options))
 
 
-@register_method("deepcache+semantic", "DeepCache reuse plus SMTM early exits in one step")
+@register_method(
+    "deepcache+semantic", "DeepCache reuse plus SMTM early exits in one step", check=_config
+)
 def _deepcache_semantic(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
-    return _runner("deepcache+semantic", spec, options)
+    return _runner("deepcache+semantic", spec, _config(options))
