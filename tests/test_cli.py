@@ -73,6 +73,36 @@ def test_options_the_model_refuses_exit_2_with_one_line(tmp_path, capsys):
     assert len(lines) == 1 and "--methods" in lines[0] and "nope" in lines[0], lines
 
 
+def test_compilation_cache_dir(monkeypatch, tmp_path):
+    for var in ("JAX_COMPILATION_CACHE_DIR", "DCJAX_COMPILATION_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cli.compilation_cache_dir() == str(tmp_path / ".cache" / "dcjax" / "xla")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cli.compilation_cache_dir() == str(tmp_path / "xdg" / "dcjax" / "xla")
+    monkeypatch.setenv("DCJAX_COMPILATION_CACHE", "~/mine")
+    assert cli.compilation_cache_dir() == str(tmp_path / "mine")
+    for off in ("off", "0", "OFF", "no"):
+        monkeypatch.setenv("DCJAX_COMPILATION_CACHE", off)
+        assert cli.compilation_cache_dir() is None
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax"))  # JAX's own wins
+    assert cli.compilation_cache_dir() == str(tmp_path / "jax")
+
+
+def test_compiled_steps_are_kept_between_runs(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env.update(XDG_CACHE_HOME=str(tmp_path), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    env.pop("DCJAX_COMPILATION_CACHE", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dcjax", "run", "vtest", *TINY, "--method", "deepcache"],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    entries = os.listdir(tmp_path / "dcjax" / "xla")
+    # the no-cache step, the cached step and its timed twin, each compiled once
+    assert sum(e.endswith("-cache") for e in entries) >= 3, entries
+
+
 def test_module_entry_point_bad_argument():
     proc = subprocess.run(
         [sys.executable, "-m", "dcjax", "bench", "--frames", "0"],
