@@ -151,10 +151,13 @@ def masked_conv(
             f"is {(p.n, p.ho, p.wo, p.cout)}; pass the previous output shifted to this frame"
         )
     kwargs = dict(strides=strides, padding=padding, dilation=dilation, groups=groups)
+    chunk = None
     if impl == "auto":
         impl, auto_tile = _auto.choose(p, jax.default_backend(), scattered)
         if tile is None and auto_tile is not None:
             tile = auto_tile
+        if impl == "rows":
+            chunk = _auto.row_chunk(p, scattered)
     if impl == "pallas":
         impl = "pallas_tpu" if jax.default_backend() == "tpu" else "pallas_gpu"
     if impl == "reference" or (epilogue is not None and impl == "pallas_tpu"):
@@ -166,7 +169,7 @@ def masked_conv(
         out = dense_conv(x, w, p)
         return out if epilogue is None else epilogue(out)
     if impl == "rows" and _rows.computes_groups(x.shape[-1], groups):
-        return rows_masked_conv(x, w, reuse_mask, cached, epilogue=epilogue, **kwargs)
+        return rows_masked_conv(x, w, reuse_mask, cached, chunk=chunk, epilogue=epilogue, **kwargs)
     if impl in ("xla", "rows"):  # rows leaves depthwise and many-group convolutions to xla
         return xla_masked_conv(x, w, reuse_mask, cached, tile=tile, epilogue=epilogue, **kwargs)
     if not interpret and jax.default_backend() != {"pallas_gpu": "gpu", "pallas_tpu": "tpu"}[impl]:

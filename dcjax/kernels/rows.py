@@ -136,7 +136,8 @@ def _dense_threshold(dense_fraction: float, rows: int) -> int:
     return max(1, math.floor(dense_fraction * rows))
 
 
-#: The smallest step of the sparse path (rows), where the dense threshold allows.
+#: The smallest step of the sparse path (rows), where the dense threshold allows
+#: (``impl="auto"`` takes longer steps for blob masks: `dcjax.kernels.auto.row_chunk`).
 DEFAULT_CHUNK = 16
 
 #: Input channels from which `_patches` gathers rows per kernel tap.

@@ -124,6 +124,37 @@ def test_blocky_mask_is_one_blob_of_the_requested_size(fraction: float) -> None:
         assert count == 1
 
 
+def test_auto_row_steps_are_longer_for_blob_masks() -> None:
+    from dcjax.kernels import auto, rows
+
+    big = plan((1, 56, 56, 64), (3, 3, 64, 64), strides=(1, 1), padding="SAME")
+    assert auto.row_chunk(big) == auto.BLOB_ROW_CHUNK == 64
+    assert auto.row_chunk(big, scattered=True) is None  # refinement: the row kernel's own 16
+    assert rows.row_plan(big, chunk=auto.row_chunk(big)).sizes[-1] == 64
+    # a 7x7 map's dense threshold is 29 pixels: capped there, one step of 32 rows
+    small_map = plan((1, 7, 7, 512), (3, 3, 512, 512), strides=(1, 1), padding="SAME")
+    assert auto.row_chunk(small_map) == 32
+    assert rows.row_plan(small_map, chunk=32).sizes == (32,)
+    assert rows.row_plan(small_map).sizes == (32, 16)  # the row kernel's own rule
+
+
+@pytest.mark.parametrize("fraction", [0.02, 0.2, 0.45])
+def test_auto_rows_with_long_steps_match_the_oracle(fraction: float) -> None:
+    # a layer auto gives the row kernel (above the small-layer cut), with blob masks
+    # whose dirty counts take one, two and three of the 64-row-based steps
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(1, 28, 28, 64)).astype(np.float32)
+    w = rng.normal(size=(3, 3, 64, 64)).astype(np.float32) / 24
+    cached = rng.normal(size=(1, 28, 28, 64)).astype(np.float32)
+    kw = dict(strides=(1, 1), padding="SAME")
+    assert choose_impl(plan(x.shape, w.shape, **kw), "cpu")[0] == "rows"
+    mask = blocky_mask((28, 28), fraction, block=2, seed=1)[None]
+    out = np.asarray(masked_conv(x, w, mask, cached, impl="auto", **kw))
+    ref = np.asarray(reference_masked_conv(x, w, mask, cached, **kw))
+    np.testing.assert_allclose(out[~mask], ref[~mask], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(out[mask], cached[mask])  # reusable pixels kept bit for bit
+
+
 def test_auto_runs_small_layers_dense_on_cpu() -> None:
     from dcjax.kernels import auto
 
