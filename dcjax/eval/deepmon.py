@@ -17,7 +17,7 @@ DeepMon's policy, on top of dcjax's reuse machinery:
   cacheable too), which is exactly dcjax's AND-pool propagation;
 - cached values expire after ``expiry_s`` seconds (the paper: 650 ms for VGG-16,
   1000 ms for YOLO; default 1 s), i.e. a full recompute every
-  ``round(expiry_s * fps)`` frames.
+  ``round(expiry_s * fps)`` frames (``inf``: never).
 
 The restriction to the first convolutions uses the public state of
 `dcjax.deepcache`: each step ANDs ``state.layer_valid`` with a static
@@ -30,6 +30,7 @@ Options: ``first_convs`` (int), ``max_stride`` (int), ``expiry_s`` (float),
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -96,10 +97,17 @@ def _first_convs(value: Any) -> int | None:
     return value
 
 
+def _expiry(value: Any) -> float:
+    seconds = number()(value)
+    if seconds <= 0:
+        raise ValueError("must be a number of seconds > 0 (inf: never)")
+    return seconds
+
+
 _RULES = {
     "first_convs": _first_convs,
     "max_stride": positive_int,
-    "expiry_s": number(lo=1e-9),
+    "expiry_s": _expiry,
     "grid": _grid,
     "bins": positive_int,
     "distance_threshold": number(lo=0.0),
@@ -118,7 +126,8 @@ def _options(options: Mapping[str, Any]) -> dict[str, Any]:
 )
 def _deepmon(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
     opts = _options(options)
-    refresh_every = max(1, round(float(opts["expiry_s"]) * spec.fps))
+    expiry = opts["expiry_s"]
+    refresh_every = None if math.isinf(expiry) else max(1, round(expiry * spec.fps))
     matcher_options = {
         "grid": tuple(opts["grid"]),
         "bins": int(opts["bins"]),
@@ -154,7 +163,7 @@ def _deepmon(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
         config.update(
             first_convs=first,
             cached_layers=[lay.name for lay in cached.layers[:first]],
-            expiry_s=float(opts["expiry_s"]),
+            expiry_s=expiry if math.isfinite(expiry) else str(expiry),  # JSON has no inf
             fps=float(spec.fps),
         )
         return Runner(

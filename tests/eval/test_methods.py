@@ -126,6 +126,7 @@ def test_check_method_refuses_bad_values_naming_them(spec, named):
         "deepcache+refine:delta=0.1,layers=('a','b')",
         "delta:delta=0",
         "deepmon:grid=(4,4),bins=8,first_convs=None,expiry_s=0.5",
+        "deepmon:expiry_s=inf",
         "mil:fraction=0.5,refresh_every=None,psnr_threshold=inf",
         "frame:min_match=0.9",
         "semantic:calibration=none,tau=1",
@@ -245,6 +246,10 @@ def test_deepmon_expiry_refreshes(spec, clip):
     frames = np.stack([clip[0]] * 7)
     _, infos, _ = _steps(make_runner(spec, "deepmon", {"expiry_s": 0.3}), frames)
     assert [bool(i["refreshed"]) for i in infos] == [True, False, False, True, False, False, True]
+    runner = make_runner(spec, "deepmon", {"expiry_s": float("inf")})  # never expires
+    _, infos, _ = _steps(runner, frames)
+    assert [bool(i["refreshed"]) for i in infos] == [True] + [False] * 6
+    assert runner.config["refresh_every"] is None and runner.config["expiry_s"] == "inf"
 
 
 def test_block_match_map_marks_exactly_the_changed_block():
