@@ -19,7 +19,7 @@ status 2 (``dcjax: error: argument --frames: ...``).
 
 Compiled programs are kept between runs in JAX's persistent compilation cache
 (`compilation_cache_dir`): a cached step takes far longer to compile than the
-plain model (ResNet-50's DeepCache step about a minute on a 2-core CPU, its
+plain model (ResNet-50's DeepCache step about 45 s on a 2-core CPU, its
 no-cache step 2 s), and a second run with the same model, method and shapes
 loads it instead.
 """
