@@ -315,21 +315,21 @@ def _check_method(sub: argparse.ArgumentParser, arg: str, spec: str) -> None:
     """The method's name and options, checked without a model (`methods.check_method`)."""
     from dcjax.eval.methods import check_method
 
-    try:
+    with _method_errors(sub, arg, ValueError):
         check_method(spec)
-    except ValueError as e:
-        sub.error(f"argument {arg}: {str(e).removeprefix('dcjax: ')}")
 
 
 @contextlib.contextmanager
-def _method_errors(sub: argparse.ArgumentParser, arg: str):
-    """Options a method refuses for this model (`methods.MethodOptionError`, raised
-    while building its runner) as a one-line error naming ``arg``, exit status 2."""
+def _method_errors(sub: argparse.ArgumentParser, arg: str, kind: type | None = None):
+    """A method spec's errors as a one-line error naming ``arg``, exit status 2:
+    ``kind``, by default what a method refuses for this model
+    (`methods.MethodOptionError`, raised while building its runner)."""
     from dcjax.eval.methods import MethodOptionError
 
+    caught = MethodOptionError if kind is None else kind
     try:
         yield
-    except MethodOptionError as e:
+    except caught as e:
         sub.error(f"argument {arg}: {str(e).removeprefix('dcjax: ')}")
 
 
