@@ -15,7 +15,13 @@ Subcommands:
 - ``dcjax models``: the zoo with input shapes, parameters and FLOPs.
 
 A bad argument is reported on one line, naming the argument, with exit
-status 2 (``dcjax: error: argument --frames: ...``).
+status 2 (``dcjax: error: argument --frames: ...``), before any model loads:
+videos included (a file FFmpeg cannot read, or with fewer frames from
+``--start`` on than the command needs), and where the results go (a directory
+given for a file, an ``--out`` name FFmpeg cannot encode H.264 into; missing
+parent directories are created). A video whose stream breaks part way runs on
+the frames decoded before the break, with a warning on stderr that says where
+it stopped.
 
 Compiled programs are kept between runs in JAX's persistent compilation cache
 (`compilation_cache_dir`): a cached step takes far longer to compile than the
@@ -330,16 +336,87 @@ def _method_errors(sub: argparse.ArgumentParser, arg: str, kind: type | None = N
     try:
         yield
     except caught as e:
-        sub.error(f"argument {arg}: {str(e).removeprefix('dcjax: ')}")
+        sub.error(f"argument {arg}: {_message(e)}")
 
 
-def _check_video(sub: argparse.ArgumentParser, arg: str, path: str) -> str:
+def _check_video(
+    sub: argparse.ArgumentParser, arg: str, path: str, start: int = 0, need: int = 2
+) -> str:
+    """The path of a video, checked before anything loads: a bundled clip or a
+    file FFmpeg decodes, with at least ``need`` frames from ``start`` on (one
+    compiles the steps, the others are timed).
+    What is wrong is a one-line error naming ``arg`` (``--start`` for a start
+    past the end), exit status 2."""
+    from dcjax import video
     from dcjax.eval.harness import resolve_video
 
     try:
-        return resolve_video(path)
+        resolved = resolve_video(path)
     except FileNotFoundError as e:
         sub.error(f"argument {arg}: {e}")
+    try:
+        with video.read(resolved, start=start, max_frames=need) as frames:
+            got = sum(1 for _ in frames)
+    except video.VideoError as e:
+        sub.error(f"argument {arg}: {_message(e)}")
+    except ValueError as e:  # the start is past the end
+        sub.error(f"argument --start: {_message(e)}")
+    if got < need:
+        counted = f"{got} frame" + "s" * (got != 1)
+        sub.error(f"argument {arg}: video {path!r} has {counted} from frame {start} on; "
+                  f"at least {need} are needed")  # fmt: skip
+    return resolved
+
+
+def _check_output(
+    sub: argparse.ArgumentParser, arg: str, path: str | None, kind: str = "file"
+) -> None:
+    """Where a subcommand will write, checked before anything runs: ``kind``
+    ``"file"``, ``"video"`` (a name `dcjax.video.write` can encode to) or
+    ``"dir"``. The parent directories are created now; what cannot be
+    written is a one-line error naming ``arg``, exit status 2."""
+    if path is None:
+        return
+    from dcjax import video
+
+    if kind == "dir":
+        if os.path.exists(path) and not os.path.isdir(path):
+            sub.error(f"argument {arg}: {path!r} exists and is not a directory")
+        parent = path
+    else:
+        if os.path.isdir(path):
+            sub.error(f"argument {arg}: {path!r} is a directory; give a file name")
+        parent = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        sub.error(f"argument {arg}: cannot create the directory {parent!r} ({e.strerror})")
+    if not os.access(parent, os.W_OK):
+        sub.error(f"argument {arg}: the directory {parent!r} is not writable")
+    if kind == "video":
+        try:
+            video.check_writable(path)
+        except ValueError as e:
+            sub.error(f"argument {arg}: {_message(e)}")
+
+
+def _message(error: BaseException) -> str:
+    return str(error).removeprefix("dcjax: ")
+
+
+def _warn_truncated(error: Exception, kept: int) -> None:
+    """A stream that breaks early: say so on stderr and go on with what decoded."""
+    print(f"dcjax: warning: {_message(error)}; going on with those {kept} frames",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _load_clip(path: str, frame_shape, *, frames: int, start: int = 0):
+    """The frames a subcommand runs on (`harness.load_frames`); a truncated
+    video keeps the frames decoded before the break, with a warning."""
+    from dcjax.eval import harness
+
+    return harness.load_frames(path, frame_shape, frames=frames, start=start,
+                               on_truncated=_warn_truncated)  # fmt: skip
 
 
 def _table(rows: Sequence[dict[str, str]]) -> str:
@@ -457,6 +534,7 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     _check_model(sub, "--model", args.model)
     _check_method(sub, "--method", args.method)
     path = _check_video(sub, "--video", args.video)
+    _check_output(sub, "--out", args.out, "dir")
     import numpy as np
 
     from dcjax import models, video
@@ -465,7 +543,7 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     fps = video.info(path).fps or 10.0
     spec, pretrained = _load_spec(args.model, pretrained=not args.no_pretrained,
                                   width=args.width, fps=fps)  # fmt: skip
-    frames = harness.load_frames(path, spec.frame_shape, frames=args.frames)
+    frames = _load_clip(path, spec.frame_shape, frames=args.frames)
     weights = "pretrained" if pretrained else "random-weight"
     print(f"dcjax demo: {weights} {args.model} on {args.video} ({len(frames)} frames at "
           f"{spec.frame_shape[0]}x{spec.frame_shape[1]}), without and with {args.method}; "
@@ -526,13 +604,15 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     sub = _subparser(parser, "run")
     _check_model(sub, "--model", args.model)
     _check_method(sub, "--method", args.method)
-    path = _check_video(sub, "VIDEO", args.video)
+    path = _check_video(sub, "VIDEO", args.video, args.start)
+    _check_output(sub, "--json", args.json)
+    _check_output(sub, "--out", args.out, "video")
     from dcjax import video
     from dcjax.eval import bench, harness
 
     fps = video.info(path).fps or 10.0
     spec, _ = _load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=fps)
-    frames = harness.load_frames(path, spec.frame_shape, frames=args.frames, start=args.start)
+    frames = _load_clip(path, spec.frame_shape, frames=args.frames, start=args.start)
     with _method_errors(sub, "--method"):
         ev = harness.evaluate(spec, frames, ["nocache", args.method], video_label=args.video,
                               progress=not args.no_progress)  # fmt: skip
@@ -559,13 +639,14 @@ def _profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         _check_method(sub, "--methods", m)
     if args.frames <= _PROFILE_WARMUP:
         sub.error(f"argument --frames: needs more than {_PROFILE_WARMUP} (those are untimed)")
-    path = _check_video(sub, "VIDEO", args.video)
+    path = _check_video(sub, "VIDEO", args.video, args.start, need=_PROFILE_WARMUP + 1)
+    _check_output(sub, "--json", args.json)
     import json
 
-    from dcjax.eval import harness, methods, profile
+    from dcjax.eval import methods, profile
 
     spec, _ = _load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=10.0)
-    frames = harness.load_frames(path, spec.frame_shape, frames=args.frames, start=args.start)
+    frames = _load_clip(path, spec.frame_shape, frames=args.frames, start=args.start)
     results = []
     for spec_text in _progress(args.methods, args.no_progress, f"profiling {args.model}"):
         with _method_errors(sub, "--methods"):
@@ -628,7 +709,9 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     for m in methods:
         _check_method(sub, "--methods", m)
     for v in args.videos:
-        _check_video(sub, "--videos", v)
+        _check_video(sub, "--videos", v, args.start)
+    _check_output(sub, "--json", args.json)
+    _check_output(sub, "--report", args.report)
     matchers = args.matchers
     if matchers is not None:
         from dcjax.config import MATCHERS
@@ -645,6 +728,13 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         records.append(record)
         bench.write_json(args.json, records)  # partial results survive an interrupt
 
+    truncated: set[str | None] = set()
+
+    def warn_once(error: Any, kept: int) -> None:  # each model decodes each video
+        if error.path not in truncated:
+            truncated.add(error.path)
+            _warn_truncated(error, kept)
+
     with _method_errors(sub, "--methods"):  # records so far are in args.json already
         records_out, matcher_rows = bench.run_bench(
             model_names, args.videos, methods, frames=args.frames, start=args.start,
@@ -652,7 +742,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             width=args.width, thresholds=args.thresholds, blocks=args.blocks,
             deltas=args.deltas,
             matchers=matchers or (), progress=not args.no_progress, on_record=keep,
-            profile=args.profile,
+            profile=args.profile, on_truncated=warn_once,
         )  # fmt: skip
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     xla_flags = os.environ.get("XLA_FLAGS", "")

@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 from dcjax import cli, models, video
-from dcjax.eval import metrics
+from dcjax.eval import harness, metrics
 
 TINY = ["--model", "dave", "--width", "0.25", "--frames", "3", "--no-progress"]
 
@@ -73,6 +74,75 @@ def test_options_the_model_refuses_exit_2_with_one_line(tmp_path, capsys):
     assert len(lines) == 1 and "--methods" in lines[0] and "nope" in lines[0], lines
 
 
+@pytest.fixture(scope="module")
+def bad_videos(tmp_path_factory):
+    d = tmp_path_factory.mktemp("videos")
+    frames = np.random.default_rng(0).integers(0, 255, (2, 32, 48, 3), np.uint8)
+    video.write(d / "one.mp4", frames[:1], fps=10)
+    video.write(d / "two.mp4", frames, fps=10)
+    (d / "empty.mp4").write_bytes(b"")
+    (d / "noise.mp4").write_bytes(np.random.default_rng(1).bytes(5000))
+    data = open(harness.resolve_video("vtest"), "rb").read()
+    (d / "cut.mp4").write_bytes(data[: len(data) // 10])  # breaks after 9 frames
+    (d / "cut_early.mp4").write_bytes(data[: len(data) // 50])  # before the first frame
+    (d / "adir").mkdir()
+    (d / "afile.txt").write_text("")
+    return d
+
+
+@pytest.mark.parametrize(
+    "argv,named,says",
+    [
+        (["run", "noise.mp4", "--model", "dave"], "VIDEO", "cannot read"),
+        (["run", "empty.mp4", "--model", "dave"], "VIDEO", "cannot read"),
+        (["run", "cut_early.mp4", "--model", "dave"], "VIDEO", "truncated"),
+        (["run", "one.mp4", "--model", "dave"], "VIDEO", "1 frame from frame 0"),
+        (["run", "two.mp4", "--model", "dave", "--start", "1"], "VIDEO", "1 frame from frame 1"),
+        (["run", "two.mp4", "--model", "dave", "--start", "5"], "--start", "past the end"),
+        (["profile", "two.mp4", "--model", "dave"], "VIDEO", "at least 6"),
+        (["bench", "--videos", "vtest", "noise.mp4"], "--videos", "noise.mp4"),
+        (["bench", "--videos", "two.mp4", "--start", "2"], "--start", "past the end"),
+        (["demo", "--video", "empty.mp4"], "--video", "cannot read"),
+        # where the results go, checked before the run as well
+        (["run", "two.mp4", "--model", "dave", "--out", "x.webm"], "--out", "libx264"),
+        (["run", "two.mp4", "--model", "dave", "--out", "x.txt"], "--out", "no video format"),
+        (["run", "two.mp4", "--model", "dave", "--out", "adir"], "--out", "directory"),
+        (["run", "two.mp4", "--model", "dave", "--json", "adir"], "--json", "directory"),
+        (["profile", "vtest", "--model", "dave", "--json", "adir"], "--json", "directory"),
+        (["bench", "--videos", "two.mp4", "--report", "adir"], "--report", "directory"),
+        (["bench", "--videos", "two.mp4", "--json", "afile.txt/b.json"], "--json", "afile.txt"),
+        (["demo", "--out", "afile.txt"], "--out", "not a directory"),
+    ],
+)
+def test_bad_videos_and_outputs_exit_2_with_one_line_before_anything_loads(
+    argv, named, says, bad_videos, monkeypatch, capsys
+):
+    monkeypatch.chdir(bad_videos)
+    monkeypatch.setattr(cli, "_load_spec", None)  # checked before any model loads
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("dcjax: error:") and named in lines[0] and says in lines[0]
+
+
+def test_a_truncated_video_runs_on_the_frames_before_the_break(bad_videos, tmp_path, capsys):
+    js = tmp_path / "run.json"
+    argv = ["run", str(bad_videos / "cut.mp4"), "--model", "dave", "--width", "0.25",
+            "--frames", "50", "--no-progress", "--json", str(js)]  # fmt: skip
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "dcjax: warning:" in err and "stopped at frame 9" in err and "those 9 frames" in err
+    assert [r["frames"] for r in json.loads(js.read_text())] == [9, 9]
+    argv = ["bench", "--models", "dave", "--width", "0.25", "--methods", "nocache", "--frames",
+            "50", "--no-progress", "--videos", str(bad_videos / "cut.mp4"), "--json",
+            str(tmp_path / "b.json"), "--report", str(tmp_path / "b.html")]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().err.count("dcjax: warning:") == 1
+    assert json.loads((tmp_path / "b.json").read_text())[0]["frames"] == 9
+
+
 def test_compilation_cache_dir(monkeypatch, tmp_path):
     for var in ("JAX_COMPILATION_CACHE_DIR", "DCJAX_COMPILATION_CACHE", "XDG_CACHE_HOME"):
         monkeypatch.delenv(var, raising=False)
@@ -123,7 +193,7 @@ def test_models_lists_the_zoo(capsys):
 
 
 def test_run_writes_json_and_annotated_video(tmp_path, capsys):
-    js, mp4 = tmp_path / "run.json", tmp_path / "annotated.mp4"
+    js, mp4 = tmp_path / "run.json", tmp_path / "new" / "annotated.mp4"  # directory created
     argv = ["run", "vtest", *TINY, "--json", str(js), "--out", str(mp4)]
     assert cli.main(argv) == 0
     records = json.loads(js.read_text())

@@ -196,6 +196,7 @@ def run_bench(
     progress: bool = True,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     profile: bool = False,
+    on_truncated: Callable[[video.TruncatedVideoError, int], None] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run the evaluation.
 
@@ -216,6 +217,10 @@ def run_bench(
         on_record: called with every record as soon as it exists.
         profile: also time every method layer by layer on the same frames
             (`add_profiles`).
+        on_truncated: for a video whose stream breaks before ``start +
+            frames`` (`harness.load_frames`): None raises; otherwise it is
+            called, once per model, and the frames decoded before the break
+            are run.
 
     Returns:
         ``(records, matcher_rows)``.
@@ -237,7 +242,8 @@ def run_bench(
             spec = base if fps == base.fps else dataclasses.replace(base, fps=fps)
             # Runners whose config records the frame rate (DeepMon's expiry) depend on it.
             cache = {k: r for k, r in cache.items() if r.config.get("fps", fps) == fps}
-            clip = harness.load_frames(paths[v], spec.frame_shape, frames=frames, start=start)
+            clip = harness.load_frames(paths[v], spec.frame_shape, frames=frames, start=start,
+                                       on_truncated=on_truncated)  # fmt: skip
             ev = harness.evaluate(spec, clip, variants, video_label=v, progress=progress,
                                   runner_cache=cache)  # fmt: skip
             if profile:

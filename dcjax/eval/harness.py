@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -80,15 +80,30 @@ def load_frames(
     frames: int,
     start: int = 0,
     mode: str = "resize",
+    on_truncated: Callable[[video.TruncatedVideoError, int], None] | None = None,
 ) -> np.ndarray:
     """Decode up to ``frames`` frames of ``path`` resized to ``frame_shape``.
+
+    Args:
+        on_truncated: what to do when the stream breaks before ``frames``
+            frames (`dcjax.video.TruncatedVideoError`): None raises; otherwise
+            it is called with the error and the number of frames decoded
+            before the break, and those frames are returned (when there is at
+            least one).
 
     Returns:
         uint8 (T, H, W, 3).
     """
     h, w = int(frame_shape[0]), int(frame_shape[1])
-    out = list(video.read(resolve_video(path), size=(h, w), max_frames=frames, start=start,
-                          mode=mode))  # fmt: skip
+    out: list[np.ndarray] = []
+    try:
+        for frame in video.read(resolve_video(path), size=(h, w), max_frames=frames,
+                                start=start, mode=mode):  # fmt: skip
+            out.append(frame)
+    except video.TruncatedVideoError as e:
+        if on_truncated is None or not out:
+            raise
+        on_truncated(e, len(out))
     if not out:
         raise ValueError(f"dcjax: no frames decoded from {path!r}")
     return np.stack(out).astype(np.uint8)

@@ -22,7 +22,7 @@ from dcjax.video.errors import (
     VideoError,
     VideoNotFoundError,
 )
-from dcjax.video.io import VideoInfo, VideoReader, info, read, write
+from dcjax.video.io import VideoInfo, VideoReader, check_writable, info, read, write
 from dcjax.video.synthetic import SyntheticVideo, camera_motion
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "VideoNotFoundError",
     "VideoReader",
     "camera_motion",
+    "check_writable",
     "clip_path",
     "clips",
     "info",

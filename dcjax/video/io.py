@@ -26,12 +26,14 @@ Contract:
 - :func:`info` reads the container's header (and counts packets when the header
   has no frame count) without decoding.
 - :func:`write` encodes frames into a file (H.264 in MP4 by default), for
-  tests, synthetic clips and annotated output.
+  tests, synthetic clips and annotated output; :func:`check_writable` says
+  beforehand whether the file's name and codec will do.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -402,6 +404,37 @@ def write(
         if count == 0 and os.path.exists(path):
             os.remove(path)
     return count
+
+
+def check_writable(path: str | os.PathLike[str], *, codec: str = "libx264") -> None:
+    """Checks, without touching ``path``, that :func:`write` can encode to it.
+
+    FFmpeg picks the container from the file's extension, and not every
+    container holds every codec (WebM and GIF take no H.264): a long run that
+    ends in writing its video checks this first.
+
+    Raises:
+        ValueError: ``path`` is a directory, its extension names no container
+            FFmpeg writes, or that container cannot hold ``codec``.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"dcjax: '{path}' is a directory; give a video file name such as out.mp4")
+    ext = os.path.splitext(path)[1]
+    hint = "name it .mp4, .mkv, .mov or .avi"
+    with tempfile.TemporaryDirectory() as tmp:  # the container is opened, never written
+        try:
+            container = av.open(os.path.join(tmp, "probe" + ext), "w")
+        except (ValueError, av.error.FFmpegError) as error:
+            raise ValueError(
+                f"dcjax: FFmpeg writes no video format named by '{path}' ({error}); {hint}"
+            ) from error
+        try:
+            container.add_stream(codec, rate=30)
+        except (ValueError, av.error.FFmpegError) as error:
+            raise ValueError(f"dcjax: cannot write '{path}': {error}; {hint}") from error
+        finally:
+            container.close()
 
 
 def _open(path: str) -> tuple[av.container.InputContainer, av.VideoStream]:

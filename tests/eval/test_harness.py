@@ -129,3 +129,25 @@ def test_resolve_video(tmp_path):
     assert harness.resolve_video("vtest").endswith(".mp4")
     with pytest.raises(FileNotFoundError, match="no such video"):
         harness.resolve_video(str(tmp_path / "missing.mp4"))
+
+
+def test_load_frames_keeps_what_decoded_before_a_break(tmp_path):
+    from dcjax import video
+
+    data = open(harness.resolve_video("vtest"), "rb").read()
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(data[: len(data) // 10])  # breaks after 9 frames
+    with pytest.raises(video.TruncatedVideoError):
+        harness.load_frames(str(cut), (32, 48, 3), frames=50)
+    seen = []
+    kept = harness.load_frames(str(cut), (32, 48, 3), frames=50,
+                               on_truncated=lambda e, n: seen.append((e.frame, n)))  # fmt: skip
+    whole = harness.load_frames("vtest", (32, 48, 3), frames=len(kept))
+    assert seen == [(len(kept), len(kept))] and 0 < len(kept) < 50
+    np.testing.assert_array_equal(kept, whole)  # the frames before the break, as decoded whole
+    # stopping before the break is no truncation
+    assert len(harness.load_frames(str(cut), (32, 48, 3), frames=3, on_truncated=seen.append)) == 3
+    assert len(seen) == 1
+    # a break before the first frame asked for leaves nothing to go on with
+    with pytest.raises(video.TruncatedVideoError):
+        harness.load_frames(str(cut), (32, 48, 3), frames=5, start=len(kept), on_truncated=print)

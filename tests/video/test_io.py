@@ -16,6 +16,7 @@ from dcjax.video import (
     VideoError,
     VideoNotFoundError,
     VideoReader,
+    check_writable,
     clip_path,
     info,
     read,
@@ -149,6 +150,20 @@ def test_write_rejects_bad_frames(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="empty"):
         write(tmp_path / "none.mp4", [])
     assert not (tmp_path / "none.mp4").exists()
+
+
+def test_check_writable_agrees_with_write(tmp_path: Path) -> None:
+    frames = np.zeros((2, 16, 16, 3), np.uint8)
+    for name in ("a.mp4", "a.mkv", "a.mov", "a.avi"):
+        check_writable(tmp_path / name)
+        assert not (tmp_path / name).exists()  # checked, not touched
+        assert write(tmp_path / name, frames, fps=10) == 2
+    for name, why in (("a.webm", "libx264"), ("a.gif", "libx264"), ("a.txt", "no video format"),
+                      ("noext", "no video format"), (".", "directory")):  # fmt: skip
+        with pytest.raises(ValueError, match=why):
+            check_writable(tmp_path / name)
+        with pytest.raises((ValueError, OSError)):  # where write fails, later
+            write(tmp_path / name, frames, fps=10)
 
 
 # --- bundled clips ----------------------------------------------------------------------------
