@@ -21,7 +21,8 @@ videos included (a file FFmpeg cannot read, or with fewer frames from
 given for a file, an ``--out`` name FFmpeg cannot encode H.264 into; missing
 parent directories are created). A video whose stream breaks part way runs on
 the frames decoded before the break, with a warning on stderr that says where
-it stopped.
+it stopped. Ctrl-C ends a command with one line and exit status 130; ``bench``
+writes each record to its JSON as it comes, and says how many are there.
 
 Compiled programs are kept between runs in JAX's persistent compilation cache
 (`compilation_cache_dir`): a cached step takes far longer to compile than the
@@ -285,7 +286,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _pin_cpus(_subparser(parser, args.command), args.cpus)
     handler = {"demo": _demo, "run": _run, "bench": _bench, "models": _models,
                "profile": _profile}[args.command]  # fmt: skip
-    return handler(parser, args)
+    try:
+        return handler(parser, args)
+    except KeyboardInterrupt as e:  # Ctrl-C: one line, the shell's status for SIGINT
+        print(f"dcjax: interrupted{e.args[0] if e.args else ''}", file=sys.stderr)
+        return 130
 
 
 # --- validation shared by the subcommands ------------------------------------------------
@@ -398,6 +403,17 @@ def _check_output(
             video.check_writable(path)
         except ValueError as e:
             sub.error(f"argument {arg}: {_message(e)}")
+
+
+@contextlib.contextmanager
+def _saying_what_is_kept(records: list, path: str):
+    """An interruption names where the records made so far are (each is written
+    as it comes)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        kept = f"; the records made so far ({len(records)}) are in {path}"
+        raise KeyboardInterrupt(kept) from None
 
 
 def _message(error: BaseException) -> str:
@@ -735,7 +751,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             truncated.add(error.path)
             _warn_truncated(error, kept)
 
-    with _method_errors(sub, "--methods"):  # records so far are in args.json already
+    with _method_errors(sub, "--methods"), _saying_what_is_kept(records, args.json):
         records_out, matcher_rows = bench.run_bench(
             model_names, args.videos, methods, frames=args.frames, start=args.start,
             pretrained=pretrained,

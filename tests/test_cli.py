@@ -143,6 +143,25 @@ def test_a_truncated_video_runs_on_the_frames_before_the_break(bad_videos, tmp_p
     assert json.loads((tmp_path / "b.json").read_text())[0]["frames"] == 9
 
 
+def test_interrupting_a_bench_keeps_its_records_and_exits_130(tmp_path, monkeypatch, capsys):
+    from dcjax.eval import bench
+
+    def interrupted(*args, on_record, **kwargs):
+        on_record({"model": "dave", "method": "nocache"})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "run_bench", interrupted)
+    out_json = tmp_path / "b.json"
+    argv = ["bench", "--models", "dave", "--videos", "vtest", "--json", str(out_json)]
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"dcjax: interrupted; the records made so far (1) are in {out_json}"]
+    assert json.loads(out_json.read_text()) == [{"model": "dave", "method": "nocache"}]
+    monkeypatch.setattr(cli, "_models", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert cli.main(["models"]) == 130
+    assert capsys.readouterr().err.strip() == "dcjax: interrupted"
+
+
 def test_compilation_cache_dir(monkeypatch, tmp_path):
     for var in ("JAX_COMPILATION_CACHE_DIR", "DCJAX_COMPILATION_CACHE", "XDG_CACHE_HOME"):
         monkeypatch.delenv(var, raising=False)
