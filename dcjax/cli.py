@@ -629,6 +629,9 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     fps = video.info(path).fps or 10.0
     spec, _ = _load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=fps)
     frames = _load_clip(path, spec.frame_shape, frames=args.frames, start=args.start)
+    print(f"{args.model} on {args.video}: {len(frames)} frames from frame {args.start} at "
+          f"{spec.frame_shape[0]}x{spec.frame_shape[1]}, nocache and {args.method}",
+          flush=True)  # fmt: skip
     with _method_errors(sub, "--method"):
         ev = harness.evaluate(spec, frames, ["nocache", args.method], video_label=args.video,
                               progress=not args.no_progress)  # fmt: skip

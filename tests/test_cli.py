@@ -132,9 +132,10 @@ def test_a_truncated_video_runs_on_the_frames_before_the_break(bad_videos, tmp_p
     argv = ["run", str(bad_videos / "cut.mp4"), "--model", "dave", "--width", "0.25",
             "--frames", "50", "--no-progress", "--json", str(js)]  # fmt: skip
     assert cli.main(argv) == 0
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "dcjax: warning:" in err and "stopped at frame 9" in err and "those 9 frames" in err
     assert [r["frames"] for r in json.loads(js.read_text())] == [9, 9]
+    assert "9 frames from frame 0" in out
     argv = ["bench", "--models", "dave", "--width", "0.25", "--methods", "nocache", "--frames",
             "50", "--no-progress", "--videos", str(bad_videos / "cut.mp4"), "--json",
             str(tmp_path / "b.json"), "--report", str(tmp_path / "b.html")]  # fmt: skip
