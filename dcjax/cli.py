@@ -679,7 +679,6 @@ def _profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.json:
         out = [{"model": args.model, "video": args.video, "method": m, **p.as_dict()}
                for m, p in results]  # fmt: skip
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
         print(f"wrote {args.json}")
