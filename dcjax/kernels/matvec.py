@@ -7,18 +7,32 @@ Contract: ``delta_matvec(y, w, d, changed)`` returns, in float32,
 `reference_delta_matvec` is the oracle: ``y + where(changed, d, 0) @ w``.
 
 A fully connected layer on a frame-dependent vector reads its whole weight
-matrix on every frame (AlexNet's ``fc6`` is 151 MB of float32 weights, 6.2 ms
+matrix on every frame (AlexNet's ``fc6`` is 151 MB of float32 weights, 5-6 ms
 a frame on this project's 2-core CPU, at memory speed). When only a fraction
 ``f`` of its inputs changed, the product moves by the changed rows only
 (DeltaCNN's update for linear layers). On CPU the kernel lists the changed
-inputs (`dcjax._compact.compact`) and gathers their rows in chunks of
-`chunk_rows` rows, one trip of a loop per chunk, ``ceil(f K / chunk)`` trips;
-each chunk's rows (about 4 MiB) are read once from memory and multiplied while
-in cache. Measured on ``fc6``'s shape (9216 x 4096, random rows, medians of 30
-jitted calls): dense 5.6-6.2 ms; nothing changed 0.09 ms; 10 / 20 / 33 / 60 %
-of the rows changed 0.82 / 1.73 / 2.54 / 4.42 ms (about one process in eight
-on the 2-core development machine ran it 2-3x slower throughout, as it did
-any loop of row gathers: see docs/benchmarks.md). On GPU and TPU
+inputs (`dcjax._compact.compact`) and adds `ROWS_PER_TRIP` of their scaled
+rows per trip of a loop, ``ceil(f K / ROWS_PER_TRIP)`` trips: each row is a
+``dynamic_slice`` of ``w``, so the trip is one elementwise fusion that
+streams its rows from memory once. A gather of the rows followed by a
+product (this kernel's earlier form, in chunks of 4 MiB) ran XLA:CPU's
+gather at about a third of the dense product's bandwidth, and lost to the
+dense product from about 40 % of the rows.
+
+Measured on ``fc6``'s shape (9216 x 4096, random rows, medians of 30 jitted
+calls, one process, `python` of the two forms side by side), in ms:
+
+=========  =======  ============  ============  =============
+changed    dense    gather + dot  8 rows/trip   32 rows/trip
+=========  =======  ============  ============  =============
+10 %       5.1-6.6  1.6-2.2       1.0-1.1       0.8-1.0
+40 %       5.1-6.6  5.5-6.2       3.5-3.7       2.3-3.1
+60 %       5.1-6.6  9.2-10        6.3-6.7       3.5-4.4
+=========  =======  ============  ============  =============
+
+(16 rows a trip ran between 8 and 32; 64 level with 32, 128 slower; two
+loops over halves of the rows no faster.) On ``fc7``'s 4096 x 4096: dense
+1.8, 40 % 1.25-1.3 (gather + dot 2.3-2.6). On GPU and TPU
 (`dcjax._loops.skipping_pays` false) a loop with a dynamic trip count stalls
 the stream, so the kernel is the reference form there: one dense product of
 the masked differences, at the device's bandwidth.
@@ -33,19 +47,10 @@ from jax import lax
 from dcjax._compact import compact
 from dcjax._loops import skipping_pays
 
-__all__ = ["chunk_rows", "delta_matvec", "reference_delta_matvec"]
+__all__ = ["ROWS_PER_TRIP", "delta_matvec", "reference_delta_matvec"]
 
-#: Elements of ``w`` gathered per trip (4 MiB of float32).
-CHUNK_ELEMENTS = 1 << 20
-
-
-def chunk_rows(k: int, n: int) -> int:
-    """Rows per trip for a ``(k, n)`` matrix: a power of two near
-    ``CHUNK_ELEMENTS / n``, between 8 and ``k`` rounded up to a power of two."""
-    rows = 8
-    while rows * 2 * n <= CHUNK_ELEMENTS and rows < k:
-        rows *= 2
-    return rows
+#: Rows of ``w`` added per trip of the CPU loop.
+ROWS_PER_TRIP = 32
 
 
 def reference_delta_matvec(
@@ -66,20 +71,20 @@ def delta_matvec(y: jax.Array, w: jax.Array, d: jax.Array, changed: jax.Array) -
         )
     if not skipping_pays():
         return reference_delta_matvec(y, w, d, changed)
-    chunk = chunk_rows(k, n)
-    slots = -(-k // chunk) * chunk
+    u = ROWS_PER_TRIP
     changed = changed.astype(bool)
     count = jnp.sum(changed, dtype=jnp.int32)
-    # changed rows first, then out-of-range fill: clipped to row 0, weighted 0
-    idx = compact(changed, slots)
-    d = d.astype(jnp.float32)
+    # changed rows first, then out-of-range fill: read as row 0, weighted 0
+    idx = compact(changed, -(-k // u) * u)
+    live = idx < k
+    ids = jnp.where(live, idx, 0)
+    coef = jnp.where(live, d.astype(jnp.float32)[ids], 0.0)
+    ids, coef = ids.reshape(-1, u), coef.reshape(-1, u)
 
-    def body(c, acc):
-        ids = lax.dynamic_slice(idx, (c * chunk,), (chunk,))
-        live = ids < k
-        ids = jnp.where(live, ids, 0)
-        coef = jnp.where(live, d[ids], 0.0)
-        rows = jnp.take(w, ids, axis=0, mode="clip").astype(jnp.float32)
-        return acc + jnp.dot(coef, rows)
+    def body(t, acc):
+        rows, c = ids[t], coef[t]
+        for j in range(u):
+            acc = acc + c[j] * lax.dynamic_slice_in_dim(w, rows[j], 1)[0].astype(jnp.float32)
+        return acc
 
-    return lax.fori_loop(0, (count + chunk - 1) // chunk, body, y.astype(jnp.float32))
+    return lax.fori_loop(0, (count + u - 1) // u, body, y.astype(jnp.float32))

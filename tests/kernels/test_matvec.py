@@ -46,10 +46,10 @@ def test_equals_the_dense_product_of_the_changed_rows(k, n, fraction, seed):
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("count", [0, 1, 127, 128, 129, 256, 300])
-def test_counts_around_the_chunk_size(count):
-    k, n = 300, 8192  # 128 rows a chunk
-    assert matvec.chunk_rows(k, n) == 128
+@pytest.mark.parametrize("count", [0, 1, 31, 32, 33, 64, 299, 300])
+def test_counts_around_the_rows_per_trip(count):
+    k, n = 300, 4100
+    assert matvec.ROWS_PER_TRIP == 32
     changed = np.zeros(k, bool)
     changed[np.random.default_rng(count).permutation(k)[:count]] = True
     y, w, d, changed = _case(k, n, changed, count)
@@ -59,14 +59,15 @@ def test_counts_around_the_chunk_size(count):
         np.testing.assert_array_equal(got, y)  # nothing read, nothing added
 
 
-def test_chunk_rows_hold_about_a_million_elements():
-    assert matvec.chunk_rows(9216, 4096) == 256
-    assert matvec.chunk_rows(4096, 1000) == 1024
-    assert matvec.chunk_rows(10, 4096) == 16  # no more than k needs, rounded up
-    assert matvec.chunk_rows(100, 10**7) == 8  # at least 8
-    for k, n in [(9216, 4096), (1164, 100), (5, 3)]:
-        rows = matvec.chunk_rows(k, n)
-        assert rows & (rows - 1) == 0 and rows >= 8
+def test_trips_follow_the_changed_count():
+    """The loop runs ceil(count / ROWS_PER_TRIP) trips: rows never listed are never read."""
+    k, n = 100, 16
+    y, w, d, changed = _case(k, n, np.arange(k) < 40)
+    w = w.copy()
+    w[40:] = np.nan  # rows of unchanged inputs: a read of any of them would show
+    got = np.asarray(_kernel(y, w, d, changed))
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, _numpy(y, w[:40], d[:40], changed[:40]), rtol=1e-5, atol=1e-4)
 
 
 def test_streams_under_vmap_match_one_by_one():
