@@ -109,11 +109,12 @@ class CacheState:
             threshold is relative to (0 until measured on the first frame).
         output: with ``Config.skip_unchanged``, the last output's leaves (a
             still frame returns them); else empty.
-        dense: with ``Config.refine``, per fully connected layer
-            (``CachedModel.dense_layers``) ``(x_ref, y_ref, scale)``: the
-            reference input, the product ``x_ref @ W`` kept up to date by the
-            changed rows, and the activation scale (0 until measured); None for
-            a layer that is not refined. Else empty.
+        dense: with ``Config.refine`` or ``Config.dense_updates``, per fully
+            connected layer (``CachedModel.dense_layers``) ``(x_ref, y_ref,
+            scale)``: the reference input, the product ``x_ref @ W`` kept up
+            to date by the changed rows, and the activation scale (0 until
+            measured); None for a layer that is not updated by rows. Empty
+            when no layer is.
     """
 
     prev_frame: jax.Array
@@ -151,8 +152,10 @@ class CachedModel:
     Attributes:
         layers: the reused layers (`Layer`), in execution order.
         dense_layers: the fully connected layers (`DenseLayer`), in execution
-            order: computed in full on every frame, or, with ``Config.refine``,
-            updated by the rows of their weights whose input changed.
+            order: computed in full on every frame, or updated by the rows of
+            their weights whose input changed (`Config.dense_updates`: exactly,
+            on CPU, for the large ones; ``Config.refine``: by more than its
+            threshold).
         epilogues: per layer, the primitives of the elementwise chain cached
             with it (`Config.fuse_epilogues`); empty where none is.
         keeps_cache: per layer, whether its kernel reuses a cache (False: the
@@ -241,6 +244,25 @@ class CachedModel:
                 )
             )
             self._dense_refined = refine_lib.refined_dense(self.dense_layers, config.refine)
+        # Fully connected layers updated by the rows of the inputs that changed
+        # exactly (`Config.dense_updates`), with or without refinement: plain
+        # DeepCache's, so that refinement with delta=0 is plain DeepCache.
+        n_dense = len(self.dense_layers)
+        self._dense_exact: tuple[bool, ...] = (
+            refine_lib.auto_dense(self.dense_layers)
+            if config.dense_updates and config.semantic is None and skipping_pays()
+            else (False,) * n_dense
+        )
+        self._dense_delta = tuple(
+            config.refine.delta if on else 0.0 for on in self._dense_refined or (False,) * n_dense
+        )
+        if any(self._dense_exact):
+            self._dense_refined = tuple(
+                on or exact
+                for on, exact in zip(
+                    self._dense_refined or (False,) * n_dense, self._dense_exact, strict=True
+                )
+            )
         # refined layers that read the same feature map share one test and reference
         self._ref_owner = _shared_inputs(self._analysis, len(self.layers), self._refined)
         # the Pallas TPU kernel takes no epilogue (`dcjax.kernels.masked`)
@@ -305,7 +327,8 @@ class CachedModel:
         whether it can skip work: a convolution that reuses its cache or is
         computed with its inverted-residual chain (not with ``psnr_threshold=
         inf`` unless refinement reuses inside the network), a fully connected
-        layer that refinement updates by its changed inputs."""
+        layer updated by its changed inputs (`Config.dense_updates`, or
+        refinement)."""
         never = self.config.psnr_threshold == float("inf") and self._refined is None
         convs = (
             (False,) * len(self.layers)
@@ -331,11 +354,7 @@ class CachedModel:
         )
         if self._semantic is not None:
             state = dataclasses.replace(state, semantic=self._semantic.memory)
-        if self._refined is not None:
-            refs = tuple(
-                jnp.zeros(layer.in_shape, jnp.float32) if on and owner == layer.index else None
-                for layer, on, owner in zip(self.layers, self._refined, self._ref_owner)
-            )
+        if self._dense_refined is not None:
             dense = tuple(
                 (
                     jnp.zeros((d.in_features,), jnp.float32),
@@ -346,11 +365,14 @@ class CachedModel:
                 else None
                 for d, on in zip(self.dense_layers, self._dense_refined, strict=True)
             )
+            state = dataclasses.replace(state, dense=dense)
+        if self._refined is not None:
+            refs = tuple(
+                jnp.zeros(layer.in_shape, jnp.float32) if on and owner == layer.index else None
+                for layer, on, owner in zip(self.layers, self._refined, self._ref_owner)
+            )
             state = dataclasses.replace(
-                state,
-                refs=refs,
-                ref_scale=jnp.zeros((len(self.layers),), jnp.float32),
-                dense=dense,
+                state, refs=refs, ref_scale=jnp.zeros((len(self.layers),), jnp.float32)
             )
         if self._skips:
             outs = self._analysis.jaxpr.out_avals
@@ -679,7 +701,8 @@ class CachedModel:
         See `dcjax.transforms.refine`: a refined layer's input elements whose
         change against the reference is under ``delta * scale`` keep their
         reference; the product moves by the weight rows of the others
-        (`dcjax.kernels.matvec`). A refresh, or more than
+        (`dcjax.kernels.matvec`); with `Config.dense_updates` so do the
+        elements that did not change at all. A refresh, or more than
         ``refine.DENSE_FRACTION`` of the inputs changed, computes the product
         in full and resets the reference.
         """
@@ -687,15 +710,15 @@ class CachedModel:
         new, fractions = list(state.dense), [jnp.float32(0.0)] * n_dense
         if self._dense_refined is None or not any(self._dense_refined):
             return new, fractions, None
-        delta = self.config.refine.delta
 
         def dense_fn(index, eqn, invals):
             if not self._dense_refined[index]:
                 return lowering.bind(eqn, invals)[0]
             (x_ref, y_ref, old), (lhs, w) = state.dense[index], invals
             new[index], fractions[index], y = _refined_product(
-                eqn, lhs, w, x_ref, y_ref, old, delta, refresh
-            )
+                eqn, lhs, w, x_ref, y_ref, old, self._dense_delta[index], refresh,
+                self._dense_exact[index],
+            )  # fmt: skip
             return y
 
         return new, fractions, dense_fn
@@ -941,22 +964,34 @@ def _mean_of_masks(masks: Sequence[Any]) -> jax.Array:
     return jnp.stack(out) if out else jnp.zeros((0,), jnp.float32)
 
 
-def _refined_product(eqn, lhs, w, x_ref, y_ref, old_scale, delta, refresh):
-    """One refined fully connected layer: ``(new state, reuse fraction, product)``."""
+def _refined_product(eqn, lhs, w, x_ref, y_ref, old_scale, delta, refresh, exact_updates):
+    """One fully connected layer updated by rows: ``(new state, reuse fraction, product)``.
+
+    An input element counts as unchanged when its change against the reference
+    is under ``delta * scale`` (refinement) or, with ``exact_updates``
+    (`Config.dense_updates`), exactly zero.
+    """
     k = x_ref.shape[0]
     x = lhs.reshape(-1).astype(jnp.float32)
     measured = (old_scale > 0) & jnp.isfinite(old_scale)
     scale = jnp.where(measured, old_scale, refine_lib.dense_scale(x))
     d = x - x_ref
-    small = (jnp.abs(d) < delta * scale) & ~refresh
+    small = jnp.abs(d) < delta * scale
+    if exact_updates:
+        small = small | (d == 0)
+    small = small & ~refresh
     changed = ~small
     count = jnp.sum(changed, dtype=jnp.int32)
-    full = refresh | (count > int(refine_lib.DENSE_FRACTION * k)) | (delta == 0)
+    full = refresh | (count > int(refine_lib.DENSE_FRACTION * k))
+    exact_only = delta == 0 and (not exact_updates or not skipping_pays())
+    full = full | exact_only
 
     def exact(lhs):
         return lowering.bind(eqn, [lhs, w])[0].reshape(-1).astype(jnp.float32)
 
-    if delta == 0:  # every input counts as changed: plain DeepCache's product, on any backend
+    if exact_only:
+        # every input counts as changed (the full product on any backend), or
+        # exact updates off CPU, where the masked product would cost the full one
         y = exact(lhs)
     elif skipping_pays():
         y = run_if(full, exact, (lhs,), jnp.zeros_like(y_ref))

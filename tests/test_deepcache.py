@@ -802,9 +802,11 @@ def test_skip_unchanged_under_vmap_matches_single_streams():
         np.testing.assert_array_equal(np.asarray(outs[i]), np.asarray(single))
 
 
-def test_skip_unchanged_is_a_bool():
+def test_skip_unchanged_and_dense_updates_are_bools():
     with pytest.raises(ValueError, match="skip_unchanged"):
         deepcache.Config(skip_unchanged=1)
+    with pytest.raises(ValueError, match="dense_updates"):
+        deepcache.Config(dense_updates="yes")
 
 
 @pytest.mark.parametrize("name", ["resnet50", "yolo_tiny", "efficientnet_lite0"])

@@ -145,6 +145,8 @@ def _deepmon(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
         # still or not; skipping the network on a still frame is dcjax's own
         # addition, not DeepMon's
         skip_unchanged=False,
+        # nor is updating fully connected layers by their changed inputs
+        dense_updates=False,
     )
 
     def build(cfg):

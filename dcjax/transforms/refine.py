@@ -81,13 +81,16 @@ flattened or pooled map, ``W`` of shape ``(K, N)``) get the same test per
 input element, against a reference ``x_ref`` whose product ``y_ref = x_ref @
 W`` the state keeps (DeltaCNN's update for linear layers)::
 
-    changed = |x_t - x_ref| >= delta_l                       (per element)
+    changed = |x_t - x_ref| >= delta_l and x_t != x_ref       (per element)
     y       = y_ref + (x_t - x_ref)[changed] @ W[changed]    (rows of W read)
     x_ref   <- x_t where changed;  y_ref <- y
 
 with ``delta_l = delta * scale_l``, ``scale_l`` the mean ``|x|`` of the first
 frame's input (`dense_scale`; a vector has no pixels, so both metrics are
-``|x_t - x_ref|`` per element). Where more than `DENSE_FRACTION` of the
+``|x_t - x_ref|`` per element). ``x_t != x_ref`` holds for the layers
+plain DeepCache updates exactly (`Config.dense_updates`: at ``delta_l = 0``
+it leaves out the inputs equal to their reference), so that ``delta = 0``
+is plain DeepCache. Where more than `DENSE_FRACTION` of the
 inputs changed, on a refresh and on the first frame, the product is computed
 in full and ``x_ref`` set to ``x_t``. Since ``y_ref = x_ref @ W`` and every
 element left out is within ``delta_l`` of its reference, for each output ``j``::
@@ -134,6 +137,7 @@ __all__ = [
     "AUTO_MIN_DENSE_WEIGHTS",
     "AUTO_MIN_MACS_PER_INPUT",
     "DENSE_FRACTION",
+    "auto_dense",
     "change",
     "dense_error_bound",
     "dense_scale",
@@ -154,7 +158,7 @@ AUTO_MIN_DENSE_OUTPUTS = 16
 
 #: A fully connected layer with more of its inputs changed than this computes
 #: its product in full (`dcjax.kernels.matvec`: on AlexNet's fc6 the delta
-#: product at 60 % of the rows took 4.4 ms, the dense one 5.7 ms).
+#: product at 60 % of the rows took 3.5-4.4 ms, the dense one 5.1-6.6 ms).
 DENSE_FRACTION = 0.75
 
 
@@ -206,12 +210,20 @@ def refined_dense(dense_layers: Sequence[DenseLayer], config: RefineConfig) -> t
     if config.layers == "all":
         return tuple(True for _ in dense_layers)
     if config.layers == "auto":
-        return tuple(
-            d.out_features >= AUTO_MIN_DENSE_OUTPUTS
-            and d.in_features * d.out_features >= AUTO_MIN_DENSE_WEIGHTS
-            for d in dense_layers
-        )
+        return auto_dense(dense_layers)
     return tuple(d.name in config.layers for d in dense_layers)
+
+
+def auto_dense(dense_layers: Sequence[DenseLayer]) -> tuple[bool, ...]:
+    """The fully connected layers worth updating by rows: at least
+    `AUTO_MIN_DENSE_WEIGHTS` weights and `AUTO_MIN_DENSE_OUTPUTS` outputs
+    (``layers="auto"``, and plain DeepCache's exact updates,
+    ``Config.dense_updates``)."""
+    return tuple(
+        d.out_features >= AUTO_MIN_DENSE_OUTPUTS
+        and d.in_features * d.out_features >= AUTO_MIN_DENSE_WEIGHTS
+        for d in dense_layers
+    )
 
 
 def _per_pixel(d: jax.Array, sig: Spatial, metric: str) -> jax.Array:

@@ -564,3 +564,73 @@ def test_dense_refinement_off_cpu_is_one_product_with_the_same_results(monkeypat
     assert max(r for _, r in cpu) > 0.3
     for a, b in zip(cpu_state, gpu_state):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _local_change_stream(n: int) -> np.ndarray:
+    """A still photo with one 8x8 patch redrawn on every frame: most blocks reused."""
+    base = _photo_stream(1, 0.0, 0.0)[0]
+    rng = np.random.default_rng(5)
+    frames = []
+    for t in range(n):
+        f = base.copy()
+        y = (3 * t) % (SIZE - 8)
+        f[y : y + 8, 20:28] = rng.random((8, 8, 3))
+        frames.append(f)
+    return np.stack(frames).astype(np.float32)
+
+
+def test_plain_deepcache_updates_large_fully_connected_layers_by_unchanged_inputs(
+    monkeypatch,
+):
+    """`Config.dense_updates`: the product moves by the rows of the inputs that changed
+    since the last frame, exactly: the outputs equal the full product's up to float32
+    rounding over a long stream without refresh, the reuse is the fraction of inputs
+    equal to the previous frame's, and the FLOP ratio counts the rows skipped."""
+    monkeypatch.setattr(refine_lib, "AUTO_MIN_DENSE_WEIGHTS", 1)  # this layer counts as large
+    kw = dict(params=FC_PARAMS, model=conv_then_dense, refresh_every=None)
+    on = _transform(None, **kw)
+    off = _transform(None, dense_updates=False, **kw)
+    zero = _transform(RefineConfig(delta=0.0), **kw)  # refinement at delta=0: plain DeepCache
+    assert on.sparse[-1] and not off.sparse[-1]
+    assert off.init().dense == () and on.init().dense[0] is not None
+    (fc,) = on.dense_layers
+    frames = _local_change_stream(40)
+    s_on, s_off, s_zero = on.init(), off.init(), zero.init()
+    w = np.asarray(FC_PARAMS["fc2"], np.float64)
+    prev, reuse = None, []
+    for f in frames:
+        (y1, y), s_on, i_on = on.step(s_on, f)
+        (y1_off, y_off), s_off, i_off = off.step(s_off, f)
+        (y1_zero, y_zero), s_zero, i_zero = zero.step(s_zero, f)
+        np.testing.assert_array_equal(np.asarray(y1), np.asarray(y1_off))  # same convolutions
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(y_zero))
+        assert float(i_zero["dense_reuse"][0]) == float(i_on["dense_reuse"][0])
+        x = np.maximum(np.asarray(y1, np.float64), 0.0).reshape(-1)
+        np.testing.assert_allclose(np.asarray(y)[0], x @ w + 0.1, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(y), np.asarray(y_off), rtol=1e-5, atol=1e-5)
+        got = float(i_on["dense_reuse"][0])
+        if prev is None:
+            want = 0.0  # the first frame's full product
+        else:
+            same = float(np.mean(x == prev))
+            want = same if 1.0 - same <= refine_lib.DENSE_FRACTION else 0.0
+        assert got == pytest.approx(want, abs=1e-6)
+        # the rows skipped are work not done
+        np.testing.assert_allclose(
+            float(i_off["flops_ratio"]) - float(i_on["flops_ratio"]),
+            got * fc.flops / on.total_flops,
+            rtol=1e-4, atol=1e-6,
+        )  # fmt: skip
+        prev, reuse = x, [*reuse, got]
+    assert max(reuse) > 0.5 and min(reuse[1:]) > 0.0  # rows were skipped on every frame
+
+
+def test_dense_updates_only_on_cpu_for_large_layers_and_not_with_exits(monkeypatch):
+    kw = dict(params=FC_PARAMS, model=conv_then_dense)
+    assert _transform(None, **kw).init().dense == ()  # a small layer: computed in full
+    monkeypatch.setattr(refine_lib, "AUTO_MIN_DENSE_WEIGHTS", 1)
+    assert _transform(None, **kw).init().dense[0] is not None
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    # off CPU the update would cost the full product: none
+    cached = _transform(None, **kw)
+    assert cached.init().dense == () and not cached.sparse[-1]
