@@ -31,7 +31,11 @@ changed    dense    gather + dot  8 rows/trip   32 rows/trip
 =========  =======  ============  ============  =============
 
 (16 rows a trip ran between 8 and 32; 64 level with 32, 128 slower; two
-loops over halves of the rows no faster.) On ``fc7``'s 4096 x 4096: dense
+loops over halves of the rows no faster.) ``python -m
+dcjax.kernels.matvec_bench`` times the kernel against the dense product on
+the zoo's shapes; in one run the update broke even at 60-80 % of the rows
+(fc6 1.13x faster at 60 %, 1.08x at 80 %; YOLO-tiny's 12544 x 1470 0.85x at
+80 %), hence `dcjax.transforms.refine.DENSE_FRACTION` (75 %). On ``fc7``'s 4096 x 4096: dense
 1.8, 40 % 1.25-1.3 (gather + dot 2.3-2.6). On GPU and TPU
 (`dcjax._loops.skipping_pays` false) a loop with a dynamic trip count stalls
 the stream, so the kernel is the reference form there: one dense product of

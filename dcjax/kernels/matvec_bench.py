@@ -1,0 +1,150 @@
+"""Benchmark of `delta_matvec` against the dense product: ``python -m dcjax.kernels.matvec_bench``.
+
+For fully connected shapes of the zoo (AlexNet's ``fc6`` 9216 x 4096 and
+``fc7`` 4096 x 4096, YOLO-tiny's detection layer 12544 x 1470 by default) and
+fractions of changed inputs, it times the dense product ``x @ W`` and the
+delta update ``y + d[changed] @ W[changed]`` (`dcjax.kernels.matvec`), both
+jitted, interleaved call by call after a warm-up, and checks each update
+against its oracle (`reference_delta_matvec`). The changed inputs are drawn
+at random (uniformly, a fixed seed): the rows read are scattered over the
+matrix, as the inputs a ReLU leaves at zero on both frames are. It prints
+medians and minima in ms, the speedup over dense and the break-even hint
+(``speedup < 1``: the update loses), and writes the records to
+``bench-results/matvec.json``: per (shape, fraction) ``k``, ``n``,
+``fraction`` (asked), ``changed`` (drawn), ``dense_ms``, ``delta_ms`` (medians),
+``dense_ms_min``, ``delta_ms_min``, ``speedup`` and ``max_rel_err``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dcjax.kernels.matvec import delta_matvec, reference_delta_matvec
+
+__all__ = ["SHAPES", "FRACTIONS", "main", "run"]
+
+#: (K, N) of the zoo's large fully connected layers.
+SHAPES: tuple[tuple[int, int], ...] = ((9216, 4096), (4096, 4096), (12544, 1470))
+
+#: Fractions of changed inputs.
+FRACTIONS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.6, 0.8)
+
+
+def _parse_shape(text: str) -> tuple[int, int]:
+    k, sep, n = text.lower().partition("x")
+    if not sep or not k.isdigit() or not n.isdigit() or int(k) < 1 or int(n) < 1:
+        raise argparse.ArgumentTypeError(f"shape {text!r} must be KxN, e.g. 9216x4096")
+    return int(k), int(n)
+
+
+def _parse_fraction(text: str) -> float:
+    try:
+        f = float(text)
+    except ValueError:
+        f = -1.0
+    if not 0.0 <= f <= 1.0:
+        raise argparse.ArgumentTypeError(f"fraction {text!r} must be a number in [0, 1]")
+    return f
+
+
+def _time(fn, args, reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        out.append(1e3 * (time.perf_counter() - t))
+    return out
+
+
+def run(
+    shapes: Sequence[tuple[int, int]] = SHAPES,
+    fractions: Sequence[float] = FRACTIONS,
+    reps: int = 30,
+    seed: int = 0,
+) -> list[dict]:
+    """One record per (shape, fraction); see the module docstring."""
+    dense = jax.jit(lambda x, w: jnp.dot(x, w))
+    delta = jax.jit(delta_matvec)
+    records = []
+    for k, n in shapes:
+        rng = np.random.default_rng(seed)
+        w = jnp.asarray(rng.normal(size=(k, n)).astype(np.float32))
+        x = jnp.asarray(rng.normal(size=(k,)).astype(np.float32))
+        y = jnp.asarray(rng.normal(size=(n,)).astype(np.float32))
+        for fraction in fractions:
+            changed = jnp.asarray(rng.random(k) < fraction)
+            got = delta(y, w, x, changed)
+            want = reference_delta_matvec(y, w, x, changed)
+            scale = float(jnp.max(jnp.abs(want))) or 1.0
+            err = float(jnp.max(jnp.abs(got - want))) / scale
+            jax.block_until_ready(dense(x, w))
+            t_dense, t_delta = [], []
+            for _ in range(reps):  # interleaved: one call of each in turn
+                t_dense += _time(dense, (x, w), 1)
+                t_delta += _time(delta, (y, w, x, changed), 1)
+            d_med, u_med = statistics.median(t_dense), statistics.median(t_delta)
+            records.append(
+                dict(
+                    k=k,
+                    n=n,
+                    fraction=fraction,
+                    changed=float(jnp.mean(changed)),
+                    dense_ms=d_med,
+                    delta_ms=u_med,
+                    dense_ms_min=min(t_dense),
+                    delta_ms_min=min(t_delta),
+                    speedup=d_med / u_med,
+                    max_rel_err=err,
+                )
+            )
+    return records
+
+
+def _table(records: list[dict]) -> str:
+    head = (
+        f"{'shape':<13}{'changed%':>9}{'dense ms':>10}{'delta ms':>10}{'speedup':>9}"
+        f"{'| min: dense':>12}{'delta':>8}{'rel err':>10}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in records:
+        lines.append(
+            f"{r['k']}x{r['n']:<{12 - len(str(r['k']))}}{100 * r['changed']:>9.1f}"
+            f"{r['dense_ms']:>10.3f}{r['delta_ms']:>10.3f}{r['speedup']:>9.2f}"
+            f"{r['dense_ms_min']:>12.3f}{r['delta_ms_min']:>8.3f}{r['max_rel_err']:>10.1e}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command-line entry point."""
+    ap = argparse.ArgumentParser(prog="python -m dcjax.kernels.matvec_bench", description=__doc__)
+    ap.add_argument("--shapes", nargs="+", type=_parse_shape, default=list(SHAPES), metavar="KxN")
+    ap.add_argument("--fractions", nargs="+", type=_parse_fraction, default=list(FRACTIONS))
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--out", default="bench-results/matvec.json")
+    args = ap.parse_args(argv)
+    if args.reps < 1:
+        ap.error(f"argument --reps: must be at least 1, got {args.reps}")
+    records = run(args.shapes, args.fractions, reps=args.reps)
+    print(
+        f"backend {jax.default_backend()}, times in ms (median and min of {args.reps} "
+        "interleaved calls); rel err: against the oracle, relative to its largest value"
+    )
+    print(_table(records))
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"jax": jax.__version__, "records": records}, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
