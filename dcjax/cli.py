@@ -741,8 +741,12 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                           f"{', '.join(MATCHERS)}")  # fmt: skip
     pretrained = {"auto": "auto", "yes": True, "no": False}[args.pretrained]
     records: list[dict[str, Any]] = []
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    xla_flags = os.environ.get("XLA_FLAGS", "")
 
     def keep(record: dict[str, Any]) -> None:
+        record["cpus"] = cpus
+        record["xla_flags"] = xla_flags  # XLA:CPU's library choice moves the baseline
         records.append(record)
         bench.write_json(args.json, records)  # partial results survive an interrupt
 
@@ -762,11 +766,9 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             matchers=matchers or (), progress=not args.no_progress, on_record=keep,
             profile=args.profile, on_truncated=warn_once,
         )  # fmt: skip
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    xla_flags = os.environ.get("XLA_FLAGS", "")
-    for record in records_out:
+    for record in records_out:  # the same, for records not passed to `keep`
         record["cpus"] = cpus
-        record["xla_flags"] = xla_flags  # XLA:CPU's library choice moves the baseline
+        record["xla_flags"] = xla_flags
     bench.write_json(args.json, records_out)
     if matcher_rows:
         bench.write_json(os.path.splitext(args.json)[0] + ".matchers.json", matcher_rows)

@@ -157,7 +157,10 @@ def test_interrupting_a_bench_keeps_its_records_and_exits_130(tmp_path, monkeypa
     assert cli.main(argv) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"dcjax: interrupted; the records made so far (1) are in {out_json}"]
-    assert json.loads(out_json.read_text()) == [{"model": "dave", "method": "nocache"}]
+    (kept,) = json.loads(out_json.read_text())
+    # the record as the bench made it, with the machine's description added as it came
+    assert kept["model"] == "dave" and kept["method"] == "nocache"
+    assert kept["cpus"] >= 1 and kept["xla_flags"] == os.environ.get("XLA_FLAGS", "")
     monkeypatch.setattr(cli, "_models", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     assert cli.main(["models"]) == 130
     assert capsys.readouterr().err.strip() == "dcjax: interrupted"
