@@ -40,7 +40,7 @@ from dcjax.kernels.masked import masked_conv
 from dcjax.kernels.reference import conv
 from dcjax.kernels.xla import dense_conv
 
-__all__ = ["LAYERS", "blocky_mask", "main", "run"]
+__all__ = ["LAYERS", "blocky_mask", "main", "run", "write_records"]
 
 #: name -> (H, W, Cin, Cout, k, stride, groups, padding, total input stride of the layer)
 LAYERS: dict[str, tuple] = {
@@ -352,10 +352,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(_table(records))
     print()
     print(_targets(records))
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
+    write_records(args.out, records)
+
+
+def write_records(path: str, records: list[dict]) -> None:
+    """``{"jax": version, "records": records}`` as JSON at ``path`` (its directory
+    made), and a line saying so."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
         json.dump({"jax": jax.__version__, "records": records}, f, indent=1)
-    print(f"wrote {args.out}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

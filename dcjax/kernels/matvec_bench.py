@@ -18,8 +18,6 @@ medians and minima in ms, the speedup over dense and the break-even hint
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -28,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dcjax.kernels.bench import write_records
 from dcjax.kernels.matvec import delta_matvec, reference_delta_matvec
 
 __all__ = ["SHAPES", "FRACTIONS", "main", "run"]
@@ -140,10 +139,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "interleaved calls); rel err: against the oracle, relative to its largest value"
     )
     print(_table(records))
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"jax": jax.__version__, "records": records}, f, indent=1)
-    print(f"wrote {args.out}")
+    write_records(args.out, records)
 
 
 if __name__ == "__main__":
