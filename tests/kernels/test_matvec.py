@@ -29,7 +29,7 @@ _kernel = jax.jit(matvec.delta_matvec)
 
 @settings(max_examples=25, deadline=None)
 @given(
-    k=st.integers(1, 300),
+    k=st.sampled_from([1, 31, 32, 33, 300]),  # around the rows per trip; few programs to compile
     n=st.sampled_from([1, 7, 64, 5000]),
     fraction=st.floats(0.0, 1.0),
     seed=st.integers(0, 2**16),

@@ -594,7 +594,7 @@ def test_plain_deepcache_updates_large_fully_connected_layers_by_unchanged_input
     assert on.sparse[-1] and not off.sparse[-1]
     assert off.init().dense == () and on.init().dense[0] is not None
     (fc,) = on.dense_layers
-    frames = _local_change_stream(40)
+    frames = _local_change_stream(16)
     s_on, s_off, s_zero = on.init(), off.init(), zero.init()
     w = np.asarray(FC_PARAMS["fc2"], np.float64)
     prev, reuse = None, []
