@@ -22,7 +22,8 @@ given for a file, an ``--out`` name FFmpeg cannot encode H.264 into; missing
 parent directories are created). A video whose stream breaks part way runs on
 the frames decoded before the break, with a warning on stderr that says where
 it stopped. Ctrl-C ends a command with one line and exit status 130; ``bench``
-writes each record to its JSON as it comes, and says how many are there.
+writes each record to its JSON as it comes, says how many are there, and with
+``--report`` writes their report (marked as interrupted) before it exits.
 
 Compiled programs are kept between runs in JAX's persistent compilation cache
 (`compilation_cache_dir`): a cached step takes far longer to compile than the
@@ -406,13 +407,22 @@ def _check_output(
 
 
 @contextlib.contextmanager
-def _saying_what_is_kept(records: list, path: str):
+def _saying_what_is_kept(records: list, path: str, report_to=None):
     """An interruption names where the records made so far are (each is written
-    as it comes)."""
+    as it comes) and, given ``report_to(records)`` (which writes the report and
+    returns its path), writes their report too; a report that fails is named
+    with its error, and the records stay where they are."""
     try:
         yield
     except KeyboardInterrupt:
+        if not records:
+            raise KeyboardInterrupt("; no record was made") from None
         kept = f"; the records made so far ({len(records)}) are in {path}"
+        if report_to is not None:
+            try:
+                kept += f", their report in {report_to(records)}"
+            except Exception as e:  # the records are what must not be lost
+                kept += f" (no report: {type(e).__name__}: {_message(e)})"
         raise KeyboardInterrupt(kept) from None
 
 
@@ -757,7 +767,27 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             truncated.add(error.path)
             _warn_truncated(error, kept)
 
-    with _method_errors(sub, "--methods"), _saying_what_is_kept(records, args.json):
+    def report_to(records: list, note: str = "") -> str:
+        import jax
+
+        intro = (
+            f"{cpus} CPU core(s) of this machine, JAX {jax.__version__} on "
+            f"{jax.default_backend()}; medians per frame with matching included."
+            + (f" XLA_FLAGS={xla_flags}." if xla_flags else "")
+            + note
+        )
+        report.write_report(args.report, records, matcher_rows=matcher_rows,
+                            title="dcjax bench", intro=intro)  # fmt: skip
+        return args.report
+
+    matcher_rows: list = []
+    interrupted = " Interrupted: the records made before the interruption only."
+    with (
+        _method_errors(sub, "--methods"),
+        _saying_what_is_kept(
+            records, args.json, (lambda r: report_to(r, interrupted)) if args.report else None
+        ),
+    ):
         records_out, matcher_rows = bench.run_bench(
             model_names, args.videos, methods, frames=args.frames, start=args.start,
             pretrained=pretrained,
@@ -779,14 +809,5 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     ]))  # fmt: skip
     print(f"wrote {args.json}")
     if args.report:
-        import jax
-
-        intro = (
-            f"{cpus} CPU core(s) of this machine, JAX {jax.__version__} on "
-            f"{jax.default_backend()}; medians per frame with matching included."
-            + (f" XLA_FLAGS={xla_flags}." if xla_flags else "")
-        )
-        report.write_report(args.report, records_out, matcher_rows=matcher_rows,
-                            title="dcjax bench", intro=intro)  # fmt: skip
-        print(f"wrote {args.report}")
+        print(f"wrote {report_to(records_out)}")
     return 0

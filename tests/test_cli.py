@@ -161,6 +161,36 @@ def test_interrupting_a_bench_keeps_its_records_and_exits_130(tmp_path, monkeypa
     # the record as the bench made it, with the machine's description added as it came
     assert kept["model"] == "dave" and kept["method"] == "nocache"
     assert kept["cpus"] >= 1 and kept["xla_flags"] == os.environ.get("XLA_FLAGS", "")
+    # with --report, the records made so far get their report; a failing report
+    # is named and leaves the records alone
+    from dcjax.eval import report
+
+    written = []
+
+    def fake_report(path, records, **kwargs):
+        written.append((path, [r["method"] for r in records], kwargs["intro"]))
+        if len(written) == 2:
+            raise ValueError("dcjax: no latency to plot")
+        open(path, "w").write("<html></html>")
+
+    monkeypatch.setattr(report, "write_report", fake_report)
+    out_html = tmp_path / "r" / "b.html"
+    for expect in (f", their report in {out_html}", " (no report: ValueError: no latency to plot)"):
+        assert cli.main([*argv, "--report", str(out_html)]) == 130
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"dcjax: interrupted; the records made so far (1) are in {out_json}{expect}"]
+        assert len(json.loads(out_json.read_text())) == 1
+    assert [w[:2] for w in written] == [(str(out_html), ["nocache"])] * 2
+    assert "Interrupted" in written[0][2]
+    assert out_html.exists()
+
+    def interrupted_at_once(*args, on_record, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "run_bench", interrupted_at_once)
+    assert cli.main([*argv, "--report", str(out_html)]) == 130  # no records: no report
+    assert capsys.readouterr().err.strip() == "dcjax: interrupted; no record was made"
+    assert len(written) == 2
     monkeypatch.setattr(cli, "_models", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     assert cli.main(["models"]) == 130
     assert capsys.readouterr().err.strip() == "dcjax: interrupted"

@@ -55,6 +55,19 @@ def test_report_writes_html_and_its_pngs(bench_result, tmp_path):
     assert "deepcache:psnr_threshold=30.0" in text and "dave" in text
 
 
+@pytest.mark.parametrize("count", [1, 2])
+def test_report_of_the_first_records_alone(bench_result, tmp_path, count):
+    """What an interrupted bench has made so far (the no-cache record, then the
+    first method's) is enough for a report."""
+    records, _ = bench_result
+    path = tmp_path / "partial.html"
+    pngs = report.write_report(str(path), records[:count], title="dcjax bench")
+    text = path.read_text()
+    assert "latency_by_method" in pngs
+    assert all(r["method"] in text for r in records[:count])
+    assert "deepmon" not in text  # the third record's method
+
+
 def test_sweep_needs_two_values(bench_result):
     records, _ = bench_result
     assert plots.sweep(records[:2], "psnr_threshold") is None
