@@ -167,7 +167,7 @@ class CachedModel:
             computed on dirty tiles with the chain's projection, which alone
             keeps a cache: `Config.fuse_blocks`, `dcjax.kernels.chain`).
         total_flops: FLOPs of a full recompute: convolutions and matrix
-            products (fully connected layers, computed on every frame).
+            products (fully connected layers) all computed.
         unsupported_primitives: primitives without a mask rule.
     """
 
