@@ -973,12 +973,15 @@ def _refined_product(eqn, lhs, w, x_ref, y_ref, old_scale, delta, refresh, exact
     """
     k = x_ref.shape[0]
     x = lhs.reshape(-1).astype(jnp.float32)
-    measured = (old_scale > 0) & jnp.isfinite(old_scale)
-    scale = jnp.where(measured, old_scale, refine_lib.dense_scale(x))
     d = x - x_ref
-    small = jnp.abs(d) < delta * scale
-    if exact_updates:
-        small = small | (d == 0)
+    if delta == 0:  # no threshold: no scale to measure
+        scale, small = old_scale, d == 0 if exact_updates else jnp.zeros_like(d, bool)
+    else:
+        measured = (old_scale > 0) & jnp.isfinite(old_scale)
+        scale = jnp.where(measured, old_scale, refine_lib.dense_scale(x))
+        small = jnp.abs(d) < delta * scale
+        if exact_updates:
+            small = small | (d == 0)
     small = small & ~refresh
     changed = ~small
     count = jnp.sum(changed, dtype=jnp.int32)
