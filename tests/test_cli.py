@@ -338,9 +338,13 @@ def test_bench_profile_says_where_the_time_went(tmp_path):
             "Dave/fc0", "Dave/fc1", "Dave/fc2", "Dave/out"
         }  # fmt: skip
         assert all(lay["ms"] is None or lay["ms"] > 0 for lay in r["per_layer"])
+        kinds = r["profile"]["kinds"]
+        assert sum(kinds.values()) == pytest.approx(r["profile"]["total_ms"])
+        assert kinds["products"] > 0 and 0 < r["profile"]["busy_ms"]
     page = html.read_text()
     section = page[page.index("Where the time went") :]
     assert "dcjax.match" in section and records[0]["per_layer"][0]["name"] in section
+    assert "gathers, scatters, slices" in section and "between operations" in section
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")

@@ -10,7 +10,8 @@ alone on consecutive frames (DeepCache's Table 4). `write_json` writes records
 as the JSON list the issue specifies. With ``profile=True`` every method is
 also timed layer by layer on the same frames (`dcjax.eval.profile`, what
 ``dcjax profile`` prints): each record gains ``profile`` (``frames``,
-``wall_ms``, ``total_ms`` and ms a frame per ``groups``) and each of its
+``wall_ms``, ``total_ms``, ms a frame per ``groups`` and per ``kinds`` of
+operation, and ``busy_ms``) and each of its
 ``per_layer`` entries an ``ms``, so that where a speedup falls short of its
 ideal the records say which layers (or the matcher) took the time.
 
@@ -126,8 +127,10 @@ def add_profiles(
     """Profile each record's method on ``frames`` and add the times to the record.
 
     Each record gains ``profile``: ``frames`` (timed), ``wall_ms`` (median),
-    ``total_ms`` and ``groups`` (ms a frame per group: layers, ``dcjax.match``,
-    the rest of the step; see `dcjax.eval.profile`); each ``per_layer`` entry
+    ``total_ms``, ``groups`` (ms a frame per group: layers, ``dcjax.match``,
+    the rest of the step; see `dcjax.eval.profile`), ``kinds`` (ms a frame per
+    kind of operation, `dcjax.eval.profile.KINDS`) and ``busy_ms`` (the time a
+    frame during which some operation ran); each ``per_layer`` entry
     gains ``ms``, its layer's group (None where no operation carries it). A
     method whose step is not one jitted function gets ``{"error": ...}``
     instead. The first `PROFILE_WARMUP` frames (fewer on short clips) are
@@ -159,6 +162,8 @@ def add_profiles(
             "wall_ms": p.wall_ms,
             "total_ms": p.total_ms,
             "groups": dict(p.groups),
+            "kinds": dict(p.kinds),
+            "busy_ms": p.busy_ms,
         }
         for layer in r["per_layer"]:
             layer["ms"] = p.groups.get(layer["name"])

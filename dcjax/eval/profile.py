@@ -32,6 +32,19 @@ carries the scope of its last operation, so where XLA fuses a convolution
 into what follows it in another scope (a residual add of the enclosing
 block), the time goes there.
 
+Beside the groups, the executed operations are summed by kind (`op_kinds`):
+``products`` (convolutions and matrix products, the work FLOPs count),
+``gathers, scatters, slices`` (operations that gather, scatter or slice at
+dynamic positions: the sparse kernels' data movement, and the row updates of
+fully connected layers, `dcjax.kernels.matvec`, whose multiply-adds XLA fuses
+with the slices of the weight rows they read), ``copies`` and ``other``
+(elementwise work, reductions, loop tests); and ``busy_ms`` is the
+time a frame during which at least one operation ran, so that the wall time
+less ``busy_ms`` is spent between operations (dispatching them, waiting for
+threads, the call itself). A cached step's products against the no-cache
+step's show how close the sparse kernels come to the FLOPs they skip; the
+other kinds and the time between operations are what caching adds.
+
 Reading it: XLA:CPU runs independent top-level operations on several threads
 at once, so the groups may add up to more than the wall time; where they add
 up to less, the rest went between operations (dispatching them, waiting for
@@ -46,6 +59,7 @@ import functools
 import glob
 import gzip
 import json
+import math
 import os
 import re
 import statistics
@@ -63,8 +77,10 @@ __all__ = [
     "OUTSIDE",
     "TABLE_NOTE",
     "Profile",
+    "KINDS",
     "executed_ops",
     "group_of",
+    "op_kinds",
     "profile",
     "table_rows",
     "top_level_ops",
@@ -78,6 +94,11 @@ _OPCODE = re.compile(r"\s*([\w\-]+)\(")
 _OP_NAME = re.compile(r"op_name=\"([^\"]*)\"")
 _OPERAND = re.compile(r"%([\w.\-]+)")
 _COMPUTE = frozenset({"dot", "convolution", "custom-call"})
+_CALLS = re.compile(r"calls=(\{[^}]*\}|%[\w.\-]+)")
+_MOVES = frozenset({"gather", "scatter", "dynamic-slice", "dynamic-update-slice"})
+
+#: The kinds of operation `op_kinds` tells apart, in the order tables list them.
+KINDS = ("products", "gathers, scatters, slices", "copies", "other")
 _CONTROL = frozenset({"while", "body", "cond", "branch", "scan", "checkpoint", "remat"})
 
 
@@ -110,6 +131,8 @@ class Profile:
         wall_ms: median wall time of a frame (the step and waiting for it).
         groups: ``{group: ms a frame}`` in program order.
         ops: operations a frame per group.
+        kinds: ``{kind: ms a frame}`` over `KINDS` (see `op_kinds`).
+        busy_ms: time a frame during which at least one operation ran.
     """
 
     method: str
@@ -117,6 +140,8 @@ class Profile:
     wall_ms: float
     groups: dict[str, float]
     ops: dict[str, float]
+    kinds: dict[str, float] = dataclasses.field(default_factory=dict)
+    busy_ms: float = float("nan")
 
     @property
     def total_ms(self) -> float:
@@ -169,8 +194,59 @@ def _computations(hlo_text: str) -> tuple[str, dict[str, tuple[dict[str, str], d
 
     The entry computation is keyed `_ENTRY`.
     """
+    module, out = _parsed(hlo_text)
+    return module, {name: (ops, opcodes) for name, (ops, opcodes, _) in out.items()}
+
+
+def op_kinds(hlo_text: str) -> dict[str, str]:
+    """``{operation: kind}`` (one of `KINDS`) for every operation of HLO text
+    but the loops, conditionals and calls (whose time is their operations').
+
+    A fusion is of the kind of what it fuses: ``products`` if it computes a
+    convolution or matrix product (XLA:CPU's YNNPACK and oneDNN fusions, a
+    custom call), else ``gathers, scatters, slices`` if it gathers, scatters
+    or slices at dynamic positions, else ``other``; a plain ``copy`` is
+    ``copies``.
+    """
+    _, computations = _parsed(hlo_text)
+    contents: dict[str, frozenset[str]] = {}
+
+    def inside(computation: str, seen: frozenset = frozenset()) -> frozenset[str]:
+        if computation in contents:
+            return contents[computation]
+        if computation not in computations or computation in seen:
+            return frozenset()
+        _, opcodes, calls = computations[computation]
+        found = set(opcodes.values())
+        for called in (c for cs in calls.values() for c in cs):
+            found |= inside(called, seen | {computation})
+        contents[computation] = frozenset(found)
+        return contents[computation]
+
+    kinds: dict[str, str] = {}
+    for _, opcodes, calls in computations.values():
+        for name, opcode in opcodes.items():
+            if opcode in _CONTAINERS:
+                continue
+            ops = {opcode}.union(*(inside(c) for c in calls.get(name, ())))
+            if ops & _COMPUTE:
+                kinds[name] = KINDS[0]
+            elif ops & _MOVES:
+                kinds[name] = KINDS[1]
+            elif opcode == "copy":
+                kinds[name] = KINDS[2]
+            else:
+                kinds[name] = KINDS[3]
+    return kinds
+
+
+_Parsed = tuple[dict[str, str], dict[str, str], dict[str, tuple[str, ...]]]
+
+
+def _parsed(hlo_text: str) -> tuple[str, dict[str, _Parsed]]:
+    """``(module name, {computation: (ops, opcodes, {operation: called computations})})``."""
     module = hlo_text.split("\n", 1)[0].split()[1].rstrip(",")
-    out: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+    out: dict[str, _Parsed] = {}
     name, body = None, []
     for line in hlo_text.splitlines():
         if name is None:
@@ -179,7 +255,14 @@ def _computations(hlo_text: str) -> tuple[str, dict[str, tuple[dict[str, str], d
                 name = _ENTRY if head[0] == "ENTRY" else head[-1].lstrip("%")
                 body = []
         elif line.startswith("}"):
-            out[name] = _name_ops(body)
+            ops, opcodes = _name_ops(body)
+            calls = {}
+            for ln in body:
+                instr = _instruction(ln)
+                if instr is not None and "calls=" in ln:
+                    called = _CALLS.findall(ln.split("metadata=")[0])
+                    calls[instr[0]] = tuple(n for c in called for n in _OPERAND.findall(c))
+            out[name] = (ops, opcodes, calls)
             name = None
         else:
             body.append(line)
@@ -292,7 +375,9 @@ def profile(runner: Runner, frames: np.ndarray, *, warmup: int = 3) -> Profile:
     first = jax.numpy.asarray(frames[0])
     fn, before, after = _program(runner, state, first)
     compiled = fn.lower(*before, state, first, *after).compile()
-    module, ops, control = executed_ops(compiled.as_text())
+    hlo_text = compiled.as_text()
+    module, ops, control = executed_ops(hlo_text)
+    kind_of = op_kinds(hlo_text)
 
     def run(state, frame):
         out, state, _ = compiled(*before, state, frame, *after)
@@ -312,20 +397,38 @@ def profile(runner: Runner, frames: np.ndarray, *, warmup: int = 3) -> Profile:
         events = _trace_events(tmp)
     total: dict[str, float] = {}
     count: dict[str, float] = {}
+    kinds = dict.fromkeys(KINDS, 0.0)
+    spans = []
     executed = (e for e in events if e.get("ph") == "X" and _op(e, module) in ops)
     for e in sorted(executed, key=lambda e: e.get("ts", 0.0)):  # groups in the order they ran
         if _op(e, module) in control:  # a loop's or branch's time is that of its operations
             continue
+        ms = e.get("dur", 0.0) / 1e3 / len(timed)
         g = group_of(ops[_op(e, module)], layers)
-        total[g] = total.get(g, 0.0) + e.get("dur", 0.0) / 1e3 / len(timed)
+        total[g] = total.get(g, 0.0) + ms
         count[g] = count.get(g, 0.0) + 1 / len(timed)
+        kind = kind_of.get(_op(e, module), KINDS[-1])
+        kinds[kind] += ms
+        spans.append((e.get("ts", 0.0), e.get("ts", 0.0) + e.get("dur", 0.0)))
     return Profile(
         method=runner.method,
         frames=len(timed),
         wall_ms=statistics.median(walls) * 1e3,
         groups=total,
         ops=count,
+        kinds=kinds,
+        busy_ms=_union(spans) / 1e3 / len(timed),
     )
+
+
+def _union(spans: Sequence[tuple[float, float]]) -> float:
+    """Total length covered by the intervals ``spans`` (sorted by start)."""
+    covered, end = 0.0, float("-inf")
+    for a, b in spans:
+        if b > end:
+            covered += b - max(a, end)
+            end = b
+    return covered
 
 
 def table_rows(columns: Sequence[tuple[str, Mapping[str, Any]]]) -> list[dict[str, str]]:
@@ -338,7 +441,9 @@ def table_rows(columns: Sequence[tuple[str, Mapping[str, Any]]]) -> list[dict[st
     Returns:
         Rows of formatted cells: ``group`` (long names cut to their last 40
         characters), then one cell per label ("-" where a profile lacks the
-        group), then the rows "all operations" and "wall time (median)",
+        group), then the rows "all operations" (followed, for profiles with
+        ``kinds``, by one row per kind of `KINDS`) and "wall time (median)"
+        (followed by "between operations", the wall time less ``busy_ms``),
         and "operations a frame" for profiles that count them (``ops``): on
         a 2-core CPU each costs about 1 us or more to dispatch, which a step
         of many small operations pays between them (EfficientNet-Lite0's
@@ -354,7 +459,20 @@ def table_rows(columns: Sequence[tuple[str, Mapping[str, Any]]]) -> list[dict[st
         for g in groups
     ]  # fmt: skip
     rows.append({"group": "all operations", **{lb: f"{p['total_ms']:.2f}" for lb, p in columns}})
+    kinds = any(p.get("kinds") for _, p in columns)
+    if kinds:
+        rows += [
+            {"group": f"  {kind}",
+             **{lb: f"{p['kinds'][kind]:.2f}" if p.get("kinds") else "-" for lb, p in columns}}
+            for kind in KINDS
+        ]  # fmt: skip
     rows.append({"group": "wall time (median)", **{lb: f"{p['wall_ms']:.2f}" for lb, p in columns}})
+    if kinds:
+        rows.append({"group": "  between operations", **{
+            lb: f"{max(0.0, p['wall_ms'] - p['busy_ms']):.2f}"
+            if p.get("kinds") and math.isfinite(p.get("busy_ms", math.nan)) else "-"
+            for lb, p in columns
+        }})  # fmt: skip
     if any("ops" in p for _, p in columns):
         rows.append({"group": "operations a frame", **{
             lb: f"{sum(p['ops'].values()):.0f}" if "ops" in p else "-" for lb, p in columns
@@ -365,7 +483,9 @@ def table_rows(columns: Sequence[tuple[str, Mapping[str, Any]]]) -> list[dict[st
 #: How to read `table_rows`.
 TABLE_NOTE = (
     "ms a frame per group of operations (those inside loops included); "
-    "operations may overlap on several threads, so they can add up to more than the wall time"
+    "operations may overlap on several threads, so they can add up to more than the wall time; "
+    "the indented rows split all operations by kind (products: convolutions and matrix "
+    "products) and give the wall time during which no operation ran"
 )
 
 

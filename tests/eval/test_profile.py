@@ -19,6 +19,17 @@ HLO = """HloModule jit_step, entry_computation_layout={(f32[4]{0})->f32[4]{0}}
   ROOT %t = (s32[], f32[4]{0}) tuple(%p), metadata={op_name="jit(step)/Net/conv2/conv/while/body/add"}
 }
 
+%c (p0: f32[4]) -> f32[4] {
+  %p0 = f32[4]{0} parameter(0)
+  ROOT %cv = f32[4]{0} convolution(%p0, %p0), dim_labels=b0f_0io->b0f
+}
+
+%h (p1: f32[4]) -> f32[4] {
+  %p1 = f32[4]{0} parameter(0)
+  %ix = s32[] constant(0)
+  ROOT %ds = f32[4]{0} dynamic-slice(%p1, %ix), dynamic_slice_sizes={4}
+}
+
 ENTRY %main.1 (x.1: f32[4], w.1: f32[4,4]) -> f32[4] {
   %x.1 = f32[4]{0} parameter(0), metadata={op_name="x"}
   %w.1 = f32[4,4]{1,0} parameter(1), metadata={op_name="leaves[0]"}
@@ -62,6 +73,28 @@ def test_executed_ops_list_loop_bodies_and_set_the_loops_apart():
     assert control == {"while.7"}
 
 
+def test_op_kinds_from_what_each_operation_computes():
+    kinds = P.op_kinds(HLO)
+    assert {
+        op: kinds[op] for op in ("conv_fusion", "copy.3", "dot.1", "hoisted", "lone", "out", "t")
+    } == {
+        "conv_fusion": "products",  # a fusion of a convolution
+        "copy.3": "copies",
+        "dot.1": "products",
+        "hoisted": "gathers, scatters, slices",  # its fused computation slices at a dynamic index
+        "lone": "copies",
+        "out": "other",
+        "t": "other",  # inside the loop body
+    }
+    assert "while.7" not in kinds  # a loop's time is its operations'
+    assert set(kinds.values()) <= set(P.KINDS)
+
+
+def test_union_of_spans():
+    assert P._union([]) == 0.0
+    assert P._union([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (5.5, 5.7)]) == 4.0
+
+
 class _Lopsided(nn.Module):
     """A light 1x1 convolution from 3 to 4 channels, then a heavy 5x5 one with 128.
 
@@ -96,13 +129,18 @@ def test_profile_charges_layers_by_their_work(lopsided):
     assert nocache.groups[heavy] > 3 * nocache.groups[light] > 0
     # the operations cover the step: at least half its wall time, less than 4 threads' worth
     assert 0.5 * nocache.wall_ms < nocache.total_ms < 4 * nocache.wall_ms
+    # the kinds split the same operations; the heavy convolution makes products the most
+    assert sum(nocache.kinds.values()) == pytest.approx(nocache.total_ms)
+    assert nocache.kinds["products"] == max(nocache.kinds.values())
+    assert 0 < nocache.busy_ms <= nocache.total_ms * (1 + 1e-9)
     # vtest's first frames at 96x96 match whole: the step would skip the network on
     # them (`skip_unchanged`), the profile runs it to see every layer
     runner = make_runner(lopsided, "deepcache")
     assert runner.cached.config.skip_unchanged
     cached = P.profile(runner, frames, warmup=2)
     assert cached.groups["dcjax.match"] > 0 and heavy in cached.groups
-    assert set(cached.as_dict()) >= {"method", "wall_ms", "groups", "total_ms"}
+    assert set(cached.as_dict()) >= {"method", "wall_ms", "groups", "total_ms", "kinds", "busy_ms"}
+    assert sum(cached.kinds.values()) == pytest.approx(cached.total_ms)
 
 
 def test_profile_charges_the_work_inside_loops_to_their_layer():
@@ -162,3 +200,12 @@ def test_table_rows_align_groups_across_profiles():
     counted = {**a, "ops": {"Net/conv1": 12.0, "dcjax.match": 30.5}}
     rows = P.table_rows([("deepcache", counted), ("nocache", b)])
     assert rows[-1] == {"group": "operations a frame", "deepcache": "42", "nocache": "-"}
+    kinds = dict(zip(P.KINDS, (1.0, 0.125, 0.0, 0.125), strict=True))
+    rows = P.table_rows([("deepcache", {**a, "kinds": kinds, "busy_ms": 1.25}), ("nocache", b)])
+    assert [(r["group"], r["deepcache"], r["nocache"]) for r in rows[3:]] == [
+        ("all operations", "1.25", "2.50"),
+        ("  products", "1.00", "-"), ("  gathers, scatters, slices", "0.12", "-"),
+        ("  copies", "0.00", "-"), ("  other", "0.12", "-"),
+        ("wall time (median)", "1.50", "2.00"),
+        ("  between operations", "0.25", "-"),
+    ]  # fmt: skip
