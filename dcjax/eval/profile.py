@@ -74,10 +74,10 @@ import numpy as np
 from dcjax.eval.methods import Runner
 
 __all__ = [
+    "KINDS",
     "OUTSIDE",
     "TABLE_NOTE",
     "Profile",
-    "KINDS",
     "executed_ops",
     "group_of",
     "op_kinds",
