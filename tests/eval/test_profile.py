@@ -129,9 +129,10 @@ def test_profile_charges_layers_by_their_work(lopsided):
     assert nocache.groups[heavy] > 3 * nocache.groups[light] > 0
     # the operations cover the step: at least half its wall time, less than 4 threads' worth
     assert 0.5 * nocache.wall_ms < nocache.total_ms < 4 * nocache.wall_ms
-    # the kinds split the same operations; the heavy convolution makes products the most
+    # the kinds split the same operations: convolutions, and no dynamic indexing
+    # without a cache (the pool is static slices)
     assert sum(nocache.kinds.values()) == pytest.approx(nocache.total_ms)
-    assert nocache.kinds["products"] == max(nocache.kinds.values())
+    assert nocache.kinds["products"] > 0 and nocache.kinds["gathers, scatters, slices"] == 0
     assert 0 < nocache.busy_ms <= nocache.total_ms * (1 + 1e-9)
     # vtest's first frames at 96x96 match whole: the step would skip the network on
     # them (`skip_unchanged`), the profile runs it to see every layer
