@@ -253,15 +253,11 @@ class CachedModel:
             if config.dense_updates and config.semantic is None and skipping_pays()
             else (False,) * n_dense
         )
-        self._dense_delta = tuple(
-            config.refine.delta if on else 0.0 for on in self._dense_refined or (False,) * n_dense
-        )
+        refined_dense = self._dense_refined or (False,) * n_dense
+        self._dense_delta = tuple(config.refine.delta if on else 0.0 for on in refined_dense)
         if any(self._dense_exact):
             self._dense_refined = tuple(
-                on or exact
-                for on, exact in zip(
-                    self._dense_refined or (False,) * n_dense, self._dense_exact, strict=True
-                )
+                on or exact for on, exact in zip(refined_dense, self._dense_exact, strict=True)
             )
         # refined layers that read the same feature map share one test and reference
         self._ref_owner = _shared_inputs(self._analysis, len(self.layers), self._refined)
@@ -986,15 +982,15 @@ def _refined_product(eqn, lhs, w, x_ref, y_ref, old_scale, delta, refresh, exact
     changed = ~small
     count = jnp.sum(changed, dtype=jnp.int32)
     full = refresh | (count > int(refine_lib.DENSE_FRACTION * k))
-    exact_only = delta == 0 and (not exact_updates or not skipping_pays())
+    # exact updates are on only where skipping pays (CPU: `CachedModel._dense_exact`)
+    exact_only = delta == 0 and not exact_updates
     full = full | exact_only
 
     def exact(lhs):
         return lowering.bind(eqn, [lhs, w])[0].reshape(-1).astype(jnp.float32)
 
     if exact_only:
-        # every input counts as changed (the full product on any backend), or
-        # exact updates off CPU, where the masked product would cost the full one
+        # every input counts as changed: the full product, on any backend
         y = exact(lhs)
     elif skipping_pays():
         y = run_if(full, exact, (lhs,), jnp.zeros_like(y_ref))

@@ -99,6 +99,10 @@ _MOVES = frozenset({"gather", "scatter", "dynamic-slice", "dynamic-update-slice"
 
 #: The kinds of operation `op_kinds` tells apart, in the order tables list them.
 KINDS = ("products", "gathers, scatters, slices", "copies", "other")
+
+#: A computation parsed: ``({operation: op_name}, {operation: opcode},
+#: {operation: the computations it calls})``.
+_Parsed = tuple[dict[str, str], dict[str, str], dict[str, tuple[str, ...]]]
 _CONTROL = frozenset({"while", "body", "cond", "branch", "scan", "checkpoint", "remat"})
 
 
@@ -162,8 +166,8 @@ def top_level_ops(hlo_text: str) -> tuple[str, dict[str, str]]:
     time is worth a group of its own; with none, it gets
     ``"(<opcode>)/<opcode>"`` (so the group ``(dot)``).
     """
-    module, computations = _computations(hlo_text)
-    return module, computations.get(_ENTRY, ({}, {}))[0]
+    module, computations = _parsed(hlo_text)
+    return module, computations.get(_ENTRY, ({}, {}, {}))[0]
 
 
 def executed_ops(hlo_text: str) -> tuple[str, dict[str, str], frozenset[str]]:
@@ -176,10 +180,15 @@ def executed_ops(hlo_text: str) -> tuple[str, dict[str, str], frozenset[str]]:
     since their time is that of the operations they run. (Fused computations'
     instructions are listed as well; they never show up as events.)
     """
-    module, computations = _computations(hlo_text)
+    return _executed(*_parsed(hlo_text))
+
+
+def _executed(
+    module: str, computations: dict[str, _Parsed]
+) -> tuple[str, dict[str, str], frozenset[str]]:
     ops: dict[str, str] = {}
     control: set[str] = set()
-    for table, opcodes in computations.values():
+    for table, opcodes, _ in computations.values():
         ops.update(table)
         control.update(n for n, op in opcodes.items() if op in _CONTAINERS)
     return module, ops, frozenset(control)
@@ -187,15 +196,6 @@ def executed_ops(hlo_text: str) -> tuple[str, dict[str, str], frozenset[str]]:
 
 _ENTRY = "ENTRY"
 _CONTAINERS = frozenset({"while", "conditional", "call"})
-
-
-def _computations(hlo_text: str) -> tuple[str, dict[str, tuple[dict[str, str], dict[str, str]]]]:
-    """``(module name, {computation: ({operation: op_name}, {operation: opcode})})``.
-
-    The entry computation is keyed `_ENTRY`.
-    """
-    module, out = _parsed(hlo_text)
-    return module, {name: (ops, opcodes) for name, (ops, opcodes, _) in out.items()}
 
 
 def op_kinds(hlo_text: str) -> dict[str, str]:
@@ -208,7 +208,10 @@ def op_kinds(hlo_text: str) -> dict[str, str]:
     or slices at dynamic positions, else ``other``; a plain ``copy`` is
     ``copies``.
     """
-    _, computations = _parsed(hlo_text)
+    return _kinds(_parsed(hlo_text)[1])
+
+
+def _kinds(computations: dict[str, _Parsed]) -> dict[str, str]:
     contents: dict[str, frozenset[str]] = {}
 
     def inside(computation: str, seen: frozenset = frozenset()) -> frozenset[str]:
@@ -240,11 +243,9 @@ def op_kinds(hlo_text: str) -> dict[str, str]:
     return kinds
 
 
-_Parsed = tuple[dict[str, str], dict[str, str], dict[str, tuple[str, ...]]]
-
-
 def _parsed(hlo_text: str) -> tuple[str, dict[str, _Parsed]]:
-    """``(module name, {computation: (ops, opcodes, {operation: called computations})})``."""
+    """``(module name, {computation: (ops, opcodes, {operation: called computations})})``
+    (`_name_ops`); the entry computation is keyed `_ENTRY`."""
     module = hlo_text.split("\n", 1)[0].split()[1].rstrip(",")
     out: dict[str, _Parsed] = {}
     name, body = None, []
@@ -255,30 +256,28 @@ def _parsed(hlo_text: str) -> tuple[str, dict[str, _Parsed]]:
                 name = _ENTRY if head[0] == "ENTRY" else head[-1].lstrip("%")
                 body = []
         elif line.startswith("}"):
-            ops, opcodes = _name_ops(body)
-            calls = {}
-            for ln in body:
-                instr = _instruction(ln)
-                if instr is not None and "calls=" in ln:
-                    called = _CALLS.findall(ln.split("metadata=")[0])
-                    calls[instr[0]] = tuple(n for c in called for n in _OPERAND.findall(c))
-            out[name] = (ops, opcodes, calls)
+            out[name] = _name_ops(body)
             name = None
         else:
             body.append(line)
     return module, out
 
 
-def _name_ops(lines: list[str]) -> tuple[dict[str, str], dict[str, str]]:
-    """``({operation: op_name}, {operation: opcode})`` of one computation's lines."""
+def _name_ops(lines: list[str]) -> _Parsed:
+    """``({operation: op_name}, {operation: opcode}, {operation: called
+    computations})`` of one computation's lines."""
     named: dict[str, str] = {}
     unnamed: dict[str, tuple[str, list[str]]] = {}
     opcodes: dict[str, str] = {}
+    calls: dict[str, tuple[str, ...]] = {}
     for line in lines:
         instr = _instruction(line)
         if instr is None:
             continue
         name, opcode = instr
+        if "calls=" in line:
+            called = _CALLS.findall(line.split("metadata=")[0])
+            calls[name] = tuple(n for c in called for n in _OPERAND.findall(c))
         op_name = _OP_NAME.search(line)
         if op_name and "/" in op_name.group(1):
             named[name] = op_name.group(1)
@@ -303,7 +302,7 @@ def _name_ops(lines: list[str]) -> tuple[dict[str, str], dict[str, str]]:
     for name in opcodes:
         found = None if unnamed.get(name, ("",))[0] in _COMPUTE else resolve(name)
         ops[name] = found if found is not None else f"({unnamed[name][0]})/{unnamed[name][0]}"
-    return ops, opcodes
+    return ops, opcodes, calls
 
 
 def group_of(op_name: str, layers: Sequence[str]) -> str:
@@ -375,9 +374,9 @@ def profile(runner: Runner, frames: np.ndarray, *, warmup: int = 3) -> Profile:
     first = jax.numpy.asarray(frames[0])
     fn, before, after = _program(runner, state, first)
     compiled = fn.lower(*before, state, first, *after).compile()
-    hlo_text = compiled.as_text()
-    module, ops, control = executed_ops(hlo_text)
-    kind_of = op_kinds(hlo_text)
+    module, computations = _parsed(compiled.as_text())
+    module, ops, control = _executed(module, computations)
+    kind_of = _kinds(computations)
 
     def run(state, frame):
         out, state, _ = compiled(*before, state, frame, *after)

@@ -55,13 +55,11 @@ def _parse_fraction(text: str) -> float:
     return f
 
 
-def _time(fn, args, reps: int) -> list[float]:
-    out = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        out.append(1e3 * (time.perf_counter() - t))
-    return out
+def _ms(fn, args) -> float:
+    """Milliseconds of one call of ``fn(*args)``, waiting for its result."""
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return 1e3 * (time.perf_counter() - t)
 
 
 def run(
@@ -88,8 +86,8 @@ def run(
             jax.block_until_ready(dense(x, w))
             t_dense, t_delta = [], []
             for _ in range(reps):  # interleaved: one call of each in turn
-                t_dense += _time(dense, (x, w), 1)
-                t_delta += _time(delta, (y, w, x, changed), 1)
+                t_dense.append(_ms(dense, (x, w)))
+                t_delta.append(_ms(delta, (y, w, x, changed)))
             d_med, u_med = statistics.median(t_dense), statistics.median(t_delta)
             records.append(
                 dict(
