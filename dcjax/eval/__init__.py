@@ -8,6 +8,8 @@
 - `dcjax.eval.bench`: the paper's evaluation (``dcjax bench``);
 - `dcjax.eval.profile`: where a method's time goes, layer by layer
   (``dcjax profile``);
+- `dcjax.eval.ceiling`: the ideal speedup of reuse settings against their
+  fidelity, every reuse taken (``python -m dcjax.eval.ceiling``);
 - `dcjax.eval.plots` and `dcjax.eval.report`: matplotlib figures and the HTML
   report (imported on demand, they need matplotlib).
 """

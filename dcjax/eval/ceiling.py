@@ -1,0 +1,305 @@
+"""The reuse ceiling: what a reuse setting could save at best, and what it costs in fidelity.
+
+``python -m dcjax.eval.ceiling --model efficientnet_lite0 --video vtest``
+
+A measured speedup mixes two things: how much work a setting lets the step
+skip, and how fast the kernels skip it. This module measures the first alone,
+together with its price in fidelity, so that a target of the form "speedup X at
+top-1 agreement Y" can be checked against what any kernel could reach.
+
+`reuse_ceiling` runs each `deepcache.Config` over the same frames with
+``kernel="reference"`` (every reused layer keeps a cache and its output is
+``where(mask, shifted cache, dense op)``, the oracle every sparse kernel equals),
+and records, per setting:
+
+- ``ideal_speedup``: ``1 / mean(flops_ratio)`` over the frames, refreshes
+  included, as `dcjax.eval.metrics` defines it (the FLOPs of convolutions and
+  matrix products a perfect kernel would compute, matching free);
+  ``ideal_speedup_reuse``: the same over the frames that were not refreshed;
+- ``top1_agreement``, ``top5_agreement``, ``top1_stability`` and
+  ``output_rel_mse`` against the model itself (`dcjax.eval.metrics`), on the
+  same frames;
+- ``input_reuse``: the mean fraction of input pixels the matcher reused.
+
+Why ``kernel="reference"``: under ``kernel="auto"`` a layer too small or too
+thin for a sparse kernel to pay on the backend is computed in full on every
+frame, and its output is then exact. The bench's ``ideal_speedup`` still counts
+what such layers could skip, while its fidelity is that of the layers that
+really reuse. Here both numbers describe one computation: every reuse the masks
+allow is taken.
+
+`best` picks, among records, the setting with the largest ideal speedup whose
+top-1 agreement reaches a target: no kernel can make that setting faster than
+its ideal, so where a target speedup exceeds it, the target is out of reach for
+this model on this clip at that agreement, whatever the kernels do.
+
+The command sweeps PSNR thresholds, ``RefineConfig.delta`` values and
+refinement layer rules (a ``delta`` of 0 is plain DeepCache), prints a table
+and the best setting at ``--target``, and writes the records as JSON
+(``bench-results/ceiling.json`` by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dcjax import deepcache
+from dcjax.config import Config, RefineConfig
+from dcjax.eval import metrics
+
+__all__ = ["best", "main", "reuse_ceiling", "sweep_configs"]
+
+
+def sweep_configs(
+    thresholds: Sequence[float],
+    deltas: Sequence[float],
+    layers: Sequence[str] = ("auto",),
+    base: Config | None = None,
+) -> dict[str, Config]:
+    """Label -> `Config` for every (threshold, delta, layers) of a sweep.
+
+    A ``delta`` of 0 is plain DeepCache (no `RefineConfig`), listed once per
+    threshold whatever ``layers`` says. Labels read ``psnr=20 delta=0.05
+    layers=auto`` (``psnr=20`` alone for plain DeepCache).
+    """
+    base = Config() if base is None else base
+    configs: dict[str, Config] = {}
+    for t in thresholds:
+        for d in deltas:
+            for lay in layers if d > 0 else layers[:1]:
+                label = f"psnr={t:g}" + (f" delta={d:g} layers={lay}" if d > 0 else "")
+                refine = RefineConfig(delta=float(d), layers=lay) if d > 0 else None
+                configs[label] = dataclasses.replace(base, psnr_threshold=float(t), refine=refine)
+    return configs
+
+
+def reuse_ceiling(
+    module: Any,
+    variables: Any,
+    frames: np.ndarray,
+    configs: Mapping[str, Config],
+    *,
+    preprocess: Any = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """The ideal speedup and fidelity of each setting over ``frames`` (module docstring).
+
+    Args:
+        module, variables: the model, as `deepcache.transform` takes it.
+        frames: (T, H, W, 3) uint8 frames, T >= 2.
+        configs: label -> `Config`; each is run with ``kernel="reference"``
+            and its statistics on, whatever it says.
+        preprocess: the model's per-pixel preprocessing (`deepcache.transform`).
+        progress: a progress bar over the settings.
+
+    Returns:
+        One record per setting, in ``configs`` order: ``label``,
+        ``psnr_threshold``, ``delta`` (0 without refinement), ``layers``
+        (None without refinement), ``frames``, ``ideal_speedup``,
+        ``ideal_speedup_reuse`` (None when every frame was refreshed),
+        ``input_reuse``, ``refreshes``, ``top1_agreement``,
+        ``top5_agreement``, ``top1_stability`` (None for outputs that are not
+        class scores) and ``output_rel_mse`` (None for a constant output).
+    """
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or len(frames) < 2:
+        raise ValueError(f"dcjax: frames must be (T, H, W, C) with T >= 2, got {frames.shape}")
+    if not configs:
+        raise ValueError("dcjax: no settings to measure")
+    dev = jnp.asarray(frames)
+    pre = preprocess if preprocess is not None else _default_preprocess
+
+    @jax.jit
+    def full(f):
+        return jax.tree_util.tree_leaves(module.apply(variables, pre(f)[None]))[0]
+
+    reference = np.stack([np.asarray(full(f), np.float64) for f in dev])
+    items = list(configs.items())
+    if progress:
+        from tqdm.auto import tqdm
+
+        items = tqdm(items, desc="settings", unit="setting", leave=False)
+    records = []
+    for label, cfg in items:
+        cfg = dataclasses.replace(cfg, kernel="reference", statistics=True)
+        cached = deepcache.transform(
+            module, variables, frame_shape=frames.shape[1:], config=cfg, preprocess=preprocess
+        )
+        outs, _, infos = cached.run(dev, cached.init())
+        outputs = np.asarray(jax.tree_util.tree_leaves(outs)[0], np.float64)
+        ratio = np.asarray(infos["flops_ratio"], np.float64)
+        refreshed = np.asarray(infos["refreshed"], bool)
+        mse = float(np.mean((outputs - reference) ** 2))
+        var = float(np.var(reference))
+        records.append(
+            {
+                "label": label,
+                "psnr_threshold": cfg.psnr_threshold,
+                "delta": cfg.refine.delta if cfg.refine is not None else 0.0,
+                "layers": _layers_name(cfg.refine),
+                "frames": len(frames),
+                "ideal_speedup": _inverse_mean(ratio),
+                "ideal_speedup_reuse": _inverse_mean(ratio[~refreshed])
+                if (~refreshed).any()
+                else None,
+                "input_reuse": float(np.mean(np.asarray(infos["input_reuse"]))),
+                "refreshes": int(refreshed.sum()),
+                "top1_agreement": metrics.agreement(reference, outputs, 1),
+                "top5_agreement": metrics.agreement(reference, outputs, 5),
+                "top1_stability": metrics.stability(reference),
+                "output_rel_mse": mse / var if var > 0 else None,
+            }
+        )
+    return records
+
+
+def best(records: Sequence[Mapping[str, Any]], target: float) -> Mapping[str, Any] | None:
+    """The record with the largest ``ideal_speedup`` whose ``top1_agreement`` is at
+    least ``target``; None when none reaches it (or the outputs are not class
+    scores)."""
+    ok = [r for r in records if r["top1_agreement"] is not None and r["top1_agreement"] >= target]
+    return max(ok, key=lambda r: r["ideal_speedup"]) if ok else None
+
+
+def _default_preprocess(frame: jax.Array) -> jax.Array:
+    """`deepcache.transform`'s default: uint8 divided by 255, floats as they are."""
+    if jnp.issubdtype(frame.dtype, jnp.integer):
+        return frame.astype(jnp.float32) / 255.0
+    return frame
+
+
+def _layers_name(refine: RefineConfig | None) -> str | None:
+    if refine is None:
+        return None
+    return refine.layers if isinstance(refine.layers, str) else ",".join(refine.layers)
+
+
+def _inverse_mean(ratio: np.ndarray) -> float:
+    return 1.0 / max(float(ratio.mean()), 1e-12)
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _table(records: Sequence[Mapping[str, Any]]) -> str:
+    head = ("setting", "ideal", "ideal (reuse frames)", "input reuse", "top-1", "rel MSE")
+    rows = [
+        (
+            r["label"],
+            _fmt(r["ideal_speedup"], ".2f") + "x",
+            _fmt(r["ideal_speedup_reuse"], ".2f") + ("x" if r["ideal_speedup_reuse"] else ""),
+            _fmt(100 * r["input_reuse"], ".1f") + " %",
+            "-" if r["top1_agreement"] is None else f"{100 * r['top1_agreement']:.1f} %",
+            _fmt(r["output_rel_mse"], ".2e"),
+        )
+        for r in records
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    lines = ["  ".join(str(x).rjust(w) for x, w in zip(row, widths)) for row in (head, *rows)]
+    return "\n".join(lines)
+
+
+def _threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"threshold {text!r} must be a positive number of dB")
+    return value
+
+
+def _delta(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"delta {text!r} must be a finite number >= 0")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The command (see the module docstring); bad arguments exit with status 2."""
+    from dcjax import models
+    from dcjax.eval import bench, harness
+
+    ap = argparse.ArgumentParser(prog="python -m dcjax.eval.ceiling", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--model", default="efficientnet_lite0", help="zoo model")
+    ap.add_argument("--pretrained", choices=("auto", "yes", "no"), default="auto",
+                    help="real weights where available (auto), always, never")  # fmt: skip
+    ap.add_argument("--video", default="vtest", help="video file or bundled clip name")
+    ap.add_argument("--frames", type=int, default=80, help="frames (default 80)")
+    ap.add_argument("--start", type=int, default=0, help="frames to skip first")
+    ap.add_argument("--thresholds", type=_threshold, nargs="+", default=[20.0],
+                    help="PSNR thresholds in dB (default 20; inf never reuses)")  # fmt: skip
+    ap.add_argument("--deltas", type=_delta, nargs="+", default=[0.0, 0.05],
+                    help="refinement deltas (0: plain DeepCache; default 0 0.05)")  # fmt: skip
+    ap.add_argument("--layers", choices=("auto", "all"), nargs="+", default=["auto"],
+                    help="refinement layer rules (default auto)")  # fmt: skip
+    ap.add_argument("--target", type=float, default=0.97,
+                    help="top-1 agreement the best setting must keep (default 0.97)")  # fmt: skip
+    ap.add_argument("--width", type=float, default=1.0, help="channel multiplier of zoo models")
+    ap.add_argument("--out", default=os.path.join("bench-results", "ceiling.json"))
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    if args.model not in models.names():
+        ap.error(f"argument --model: unknown model {args.model!r}; one of {list(models.names())}")
+    if args.frames < 2:
+        ap.error(f"argument --frames: must be at least 2, got {args.frames}")
+    if args.start < 0:
+        ap.error(f"argument --start: must be >= 0, got {args.start}")
+    if not 0.0 <= args.target <= 1.0:
+        ap.error(f"argument --target: must be in [0, 1], got {args.target}")
+    if args.width <= 0:
+        ap.error(f"argument --width: must be positive, got {args.width}")
+    try:
+        path = harness.resolve_video(args.video)
+    except FileNotFoundError as e:
+        ap.error(f"argument --video: {e}")
+    want = {"auto": args.width == 1.0 and models.info(args.model).pretrained,
+            "yes": True, "no": False}[args.pretrained]  # fmt: skip
+    spec = harness.model_spec(args.model, pretrained=want, width=args.width)
+    try:
+        frames = harness.load_frames(path, spec.frame_shape, frames=args.frames, start=args.start)
+    except Exception as e:  # an unreadable or too short video, named in one line
+        ap.error(f"argument --video: {type(e).__name__}: {e}")
+    if len(frames) < 2:
+        ap.error(f"argument --video: {len(frames)} frame(s) decoded, at least 2 needed")
+    weights = "pretrained" if want else "random-weight"
+    print(f"{weights} {args.model} over {len(frames)} frames of {args.video} "
+          f"from frame {args.start}, every reuse taken (kernel='reference')")  # fmt: skip
+    configs = sweep_configs(args.thresholds, args.deltas, args.layers)
+    records = reuse_ceiling(
+        spec.module, spec.variables, frames, configs, preprocess=spec.preprocess,
+        progress=not args.no_progress and sys.stderr.isatty(),
+    )  # fmt: skip
+    for r in records:
+        r.update(model=args.model, video=args.video, pretrained=bool(want), start=args.start)
+    print(_table(records))
+    top = best(records, args.target)
+    if records[0]["top1_agreement"] is None:
+        print("the output is not class scores: no top-1 agreement (compare rel MSE)")
+    elif top is None:
+        print(f"no setting keeps {100 * args.target:.0f} % top-1 agreement")
+    else:
+        print(f"best at >= {100 * args.target:.0f} % top-1 agreement: {top['label']}, "
+              f"ideal {top['ideal_speedup']:.2f}x")  # fmt: skip
+    bench.write_json(args.out, records)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
