@@ -269,8 +269,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         path = harness.resolve_video(args.video)
     except FileNotFoundError as e:
         ap.error(f"argument --video: {e}")
-    want = {"auto": args.width == 1.0 and models.info(args.model).pretrained,
-            "yes": True, "no": False}[args.pretrained]  # fmt: skip
+    has_weights = models.info(args.model).pretrained
+    if args.pretrained == "yes" and not (has_weights and args.width == 1.0):
+        ap.error(
+            f"argument --pretrained: {args.model}'s pretrained weights are for --width 1 only"
+            if has_weights
+            else f"argument --pretrained: {args.model} has no pretrained weights (use auto or no)"
+        )
+    want = args.pretrained == "yes" or (args.pretrained == "auto" and has_weights
+                                        and args.width == 1.0)  # fmt: skip
     spec = harness.model_spec(args.model, pretrained=want, width=args.width)
     try:
         frames = harness.load_frames(path, spec.frame_shape, frames=args.frames, start=args.start)

@@ -112,6 +112,7 @@ def test_command_prints_the_table_and_writes_the_records(tmp_path, capsys):
         (["--thresholds", "-3"], "must be a positive number of dB"),
         (["--deltas", "nan"], "must be a finite number >= 0"),
         (["--target", "1.5"], "argument --target: must be in [0, 1]"),
+        (["--model", "alexnet", "--pretrained", "yes"], "alexnet has no pretrained weights"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(argv, message, capsys):
