@@ -233,6 +233,7 @@ def _delta(text: str) -> float:
 def main(argv: Sequence[str] | None = None) -> None:
     """The command (see the module docstring); bad arguments exit with status 2."""
     from dcjax import models
+    from dcjax.cli import _load_clip, _message
     from dcjax.eval import bench, harness
 
     ap = argparse.ArgumentParser(prog="python -m dcjax.eval.ceiling", description=__doc__,
@@ -279,10 +280,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     want = args.pretrained == "yes" or (args.pretrained == "auto" and has_weights
                                         and args.width == 1.0)  # fmt: skip
     spec = harness.model_spec(args.model, pretrained=want, width=args.width)
-    try:
-        frames = harness.load_frames(path, spec.frame_shape, frames=args.frames, start=args.start)
+    try:  # a video that breaks part way runs on the frames decoded before the break
+        frames = _load_clip(path, spec.frame_shape, frames=args.frames, start=args.start)
     except Exception as e:  # an unreadable or too short video, named in one line
-        ap.error(f"argument --video: {type(e).__name__}: {e}")
+        ap.error(f"argument --video: {_message(e)}")
     if len(frames) < 2:
         ap.error(f"argument --video: {len(frames)} frame(s) decoded, at least 2 needed")
     weights = "pretrained" if want else "random-weight"

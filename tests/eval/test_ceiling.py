@@ -121,3 +121,14 @@ def test_bad_arguments_are_one_line_errors(argv, message, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_an_unreadable_video_is_a_one_line_error(tmp_path, capsys):
+    bad = tmp_path / "noise.mp4"
+    bad.write_bytes(b"\x00not a video\xff" * 50)
+    with pytest.raises(SystemExit) as e:
+        ceiling.main(["--model", "dave", "--width", "0.25", "--video", str(bad)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("python -m dcjax.eval.ceiling: error: argument --video: ")
+    assert "noise.mp4" in err and "dcjax: dcjax" not in err
