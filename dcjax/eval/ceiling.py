@@ -95,7 +95,9 @@ def reuse_ceiling(
     """The ideal speedup and fidelity of each setting over ``frames`` (module docstring).
 
     Args:
-        module, variables: the model, as `deepcache.transform` takes it.
+        module, variables: the model, as `deepcache.transform` takes it (a
+            Flax module or ``fn(variables, x)``); the reference is its own
+            output (`CachedModel.apply`).
         frames: (T, H, W, 3) uint8 frames, T >= 2.
         configs: label -> `Config`; each is run with ``kernel="reference"``
             and its statistics on, whatever it says.
@@ -117,13 +119,7 @@ def reuse_ceiling(
     if not configs:
         raise ValueError("dcjax: no settings to measure")
     dev = jnp.asarray(frames)
-    pre = preprocess if preprocess is not None else _default_preprocess
-
-    @jax.jit
-    def full(f):
-        return jax.tree_util.tree_leaves(module.apply(variables, pre(f)[None]))[0]
-
-    reference = np.stack([np.asarray(full(f), np.float64) for f in dev])
+    reference = None
     items = list(configs.items())
     if progress:
         from tqdm.auto import tqdm
@@ -135,8 +131,12 @@ def reuse_ceiling(
         cached = deepcache.transform(
             module, variables, frame_shape=frames.shape[1:], config=cfg, preprocess=preprocess
         )
+        if reference is None:  # the untransformed model, preprocessing included
+            reference = np.stack([_output(cached.apply(f)) for f in dev])
         outs, _, infos = cached.run(dev, cached.init())
-        outputs = np.asarray(jax.tree_util.tree_leaves(outs)[0], np.float64)
+        outputs = np.stack(
+            [_output(jax.tree.map(lambda a, t=t: a[t], outs)) for t in range(len(dev))]
+        )
         ratio = np.asarray(infos["flops_ratio"], np.float64)
         refreshed = np.asarray(infos["refreshed"], bool)
         mse = float(np.mean((outputs - reference) ** 2))
@@ -171,11 +171,11 @@ def best(records: Sequence[Mapping[str, Any]], target: float) -> Mapping[str, An
     return max(ok, key=lambda r: r["ideal_speedup"]) if ok else None
 
 
-def _default_preprocess(frame: jax.Array) -> jax.Array:
-    """`deepcache.transform`'s default: uint8 divided by 255, floats as they are."""
-    if jnp.issubdtype(frame.dtype, jnp.integer):
-        return frame.astype(jnp.float32) / 255.0
-    return frame
+def _output(out: Any) -> np.ndarray:
+    """One frame's output as the harness compares it (`harness._first_leaf`), in float64."""
+    from dcjax.eval.harness import _first_leaf
+
+    return _first_leaf(out).astype(np.float64)
 
 
 def _layers_name(refine: RefineConfig | None) -> str | None:

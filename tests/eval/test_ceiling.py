@@ -132,3 +132,18 @@ def test_an_unreadable_video_is_a_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("python -m dcjax.eval.ceiling: error: argument --video: ")
     assert "noise.mp4" in err and "dcjax: dcjax" not in err
+
+
+def test_a_plain_function_model_gives_the_modules_numbers(records, spec, clip):
+    """``fn(variables, x)`` works as `deepcache.transform` takes it; the
+    reference is the model's own output, with the same preprocessing."""
+
+    def fn(variables, x):
+        return spec.module.apply(variables, x)
+
+    (rec,) = ceiling.reuse_ceiling(
+        fn, spec.variables, clip, ceiling.sweep_configs([20], [0]), progress=False
+    )
+    plain = records[0]
+    for key in ("ideal_speedup", "input_reuse", "top1_agreement", "output_rel_mse"):
+        assert rec[key] == pytest.approx(plain[key], rel=1e-6), key
