@@ -192,22 +192,20 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _table(records: Sequence[Mapping[str, Any]]) -> str:
-    head = ("setting", "ideal", "ideal (reuse frames)", "input reuse", "top-1", "rel MSE")
-    rows = [
-        (
-            r["label"],
-            _fmt(r["ideal_speedup"], ".2f") + "x",
-            _fmt(r["ideal_speedup_reuse"], ".2f") + ("x" if r["ideal_speedup_reuse"] else ""),
-            _fmt(100 * r["input_reuse"], ".1f") + " %",
-            "-" if r["top1_agreement"] is None else f"{100 * r['top1_agreement']:.1f} %",
-            _fmt(r["output_rel_mse"], ".2e"),
-        )
+def _rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """The printed table's rows (`dcjax.cli._table` lays them out)."""
+    return [
+        {
+            "setting": r["label"],
+            "ideal": _fmt(r["ideal_speedup"], ".2f") + "x",
+            "ideal (reuse frames)": _fmt(r["ideal_speedup_reuse"], ".2f")
+            + ("x" if r["ideal_speedup_reuse"] else ""),
+            "input reuse": _fmt(100 * r["input_reuse"], ".1f") + " %",
+            "top-1": "-" if r["top1_agreement"] is None else f"{100 * r['top1_agreement']:.1f} %",
+            "rel MSE": _fmt(r["output_rel_mse"], ".2e"),
+        }
         for r in records
     ]
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    lines = ["  ".join(str(x).rjust(w) for x, w in zip(row, widths)) for row in (head, *rows)]
-    return "\n".join(lines)
 
 
 def _threshold(text: str) -> float:
@@ -233,7 +231,7 @@ def _delta(text: str) -> float:
 def main(argv: Sequence[str] | None = None) -> None:
     """The command (see the module docstring); bad arguments exit with status 2."""
     from dcjax import models
-    from dcjax.cli import _load_clip, _message
+    from dcjax.cli import _load_clip, _message, _table
     from dcjax.eval import bench, harness
 
     ap = argparse.ArgumentParser(prog="python -m dcjax.eval.ceiling", description=__doc__,
@@ -296,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )  # fmt: skip
     for r in records:
         r.update(model=args.model, video=args.video, pretrained=bool(want), start=args.start)
-    print(_table(records))
+    print(_table(_rows(records)))
     top = best(records, args.target)
     if records[0]["top1_agreement"] is None:
         print("the output is not class scores: no top-1 agreement (compare rel MSE)")
