@@ -139,8 +139,8 @@ def reuse_ceiling(
         )
         ratio = np.asarray(infos["flops_ratio"], np.float64)
         refreshed = np.asarray(infos["refreshed"], bool)
-        mse = float(np.mean((outputs - reference) ** 2))
-        var = float(np.var(reference))
+        quality = metrics.fidelity(reference, outputs)
+        del quality["output_mse"]
         records.append(
             {
                 "label": label,
@@ -148,16 +148,13 @@ def reuse_ceiling(
                 "delta": cfg.refine.delta if cfg.refine is not None else 0.0,
                 "layers": _layers_name(cfg.refine),
                 "frames": len(frames),
-                "ideal_speedup": _inverse_mean(ratio),
-                "ideal_speedup_reuse": _inverse_mean(ratio[~refreshed])
+                "ideal_speedup": metrics.ideal_speedup(ratio),
+                "ideal_speedup_reuse": metrics.ideal_speedup(ratio[~refreshed])
                 if (~refreshed).any()
                 else None,
                 "input_reuse": float(np.mean(np.asarray(infos["input_reuse"]))),
                 "refreshes": int(refreshed.sum()),
-                "top1_agreement": metrics.agreement(reference, outputs, 1),
-                "top5_agreement": metrics.agreement(reference, outputs, 5),
-                "top1_stability": metrics.stability(reference),
-                "output_rel_mse": mse / var if var > 0 else None,
+                **quality,
             }
         )
     return records
@@ -184,10 +181,6 @@ def _layers_name(refine: RefineConfig | None) -> str | None:
     return refine.layers if isinstance(refine.layers, str) else ",".join(refine.layers)
 
 
-def _inverse_mean(ratio: np.ndarray) -> float:
-    return 1.0 / max(float(ratio.mean()), 1e-12)
-
-
 def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
@@ -208,24 +201,23 @@ def _rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     ]
 
 
-def _threshold(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if math.isnan(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"threshold {text!r} must be a positive number of dB")
-    return value
+def _number(what: str, ok, need: str):
+    """An argparse type: a float for which ``ok`` holds, else "WHAT 'x' must be NEED"."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if math.isnan(value) or not ok(value):
+            raise argparse.ArgumentTypeError(f"{what} {text!r} must be {need}")
+        return value
+
+    return parse
 
 
-def _delta(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"delta {text!r} must be a finite number >= 0")
-    return value
+_threshold = _number("threshold", lambda v: v > 0, "a positive number of dB")
+_delta = _number("delta", lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -60,6 +60,8 @@ __all__ = [
     "RECORD_KEYS",
     "agreement",
     "check_record",
+    "fidelity",
+    "ideal_speedup",
     "stability",
     "latency_stats",
     "make_record",
@@ -155,6 +157,27 @@ def stability(reference: np.ndarray) -> float | None:
     return float(np.mean(top[1:] == top[:-1]))
 
 
+def ideal_speedup(flops_ratio: np.ndarray) -> float:
+    """``1 / mean(flops_ratio)``: the speedup of computing only the FLOPs the step had to."""
+    return 1.0 / max(float(np.mean(np.asarray(flops_ratio, np.float64))), 1e-12)
+
+
+def fidelity(reference: np.ndarray, outputs: np.ndarray) -> dict[str, float | None]:
+    """``top1_agreement``, ``top5_agreement``, ``top1_stability``, ``output_mse``
+    and ``output_rel_mse`` (None for a constant reference) of (T, ...) outputs
+    against the no-cache ones (module docstring)."""
+    outputs, reference = np.asarray(outputs, np.float64), np.asarray(reference, np.float64)
+    mse = float(np.mean(np.square(outputs - reference)))
+    var = float(np.var(reference))
+    return {
+        "top1_agreement": agreement(reference, outputs, 1),
+        "top5_agreement": agreement(reference, outputs, 5),
+        "top1_stability": stability(reference),
+        "output_mse": mse,
+        "output_rel_mse": float(mse / var) if var > 0 else None,
+    }
+
+
 def _median_or_none(values: np.ndarray) -> float | None:
     return float(np.median(values)) if len(values) else None
 
@@ -213,11 +236,7 @@ def make_record(
     lat, ref_lat = latency_stats(latencies_ms), latency_stats(nocache_latencies_ms)
     speedup = ref_lat["median"] / lat["median"]
     flops_ratio = np.asarray(infos["flops_ratio"], np.float64)
-    ideal = 1.0 / max(float(flops_ratio.mean()), 1e-12)
-    outputs, reference = np.asarray(outputs, np.float64), np.asarray(reference, np.float64)
-    diff = outputs - reference
-    mse = float(np.mean(np.square(diff)))
-    var = float(np.var(reference))
+    ideal = ideal_speedup(flops_ratio)
     refreshed = np.asarray(infos["refreshed"], bool).reshape(-1)
     ratios = np.asarray(infos["match_ratio"], np.float64).reshape(-1)
     considered = ratios[~refreshed] if (~refreshed).any() else ratios
@@ -248,11 +267,7 @@ def make_record(
         "speedup_mean": float(ref_lat["mean"] / lat["mean"]),
         "ideal_speedup": float(ideal),
         "efficiency": float(speedup / ideal),
-        "top1_agreement": agreement(reference, outputs, 1),
-        "top5_agreement": agreement(reference, outputs, 5),
-        "top1_stability": stability(reference),
-        "output_mse": mse,
-        "output_rel_mse": float(mse / var) if var > 0 else None,
+        **fidelity(reference, outputs),
         "match_ratio": _finite_or_none(float(considered.mean()) if considered.size else None),
         "refreshes": int(refreshed.sum()),
         "cache_bytes": int(cache_bytes),
