@@ -76,7 +76,7 @@ EfficientNet-Lite0 10.25 / 10.14, YOLO-tiny 25.9 / 24.8). With
 ``matcher="none"`` (the ``delta`` baseline) the stem's test is the only reuse
 at the input, and it is refined whatever its cost.
 
-Fully connected layers (`signatures.DenseLayer`: ``y = x @ W`` on a
+Fully connected layers (`dcjax.transforms.records.DenseLayer`: ``y = x @ W`` on a
 flattened or pooled map, ``W`` of shape ``(K, N)``) get the same test per
 input element, against a reference ``x_ref`` whose product ``y_ref = x_ref @
 W`` the state keeps (DeltaCNN's update for linear layers)::
@@ -130,7 +130,8 @@ import jax
 import jax.numpy as jnp
 
 from dcjax.config import RefineConfig
-from dcjax.transforms.signatures import DenseLayer, Layer, Spatial
+from dcjax.transforms.records import DenseLayer, Layer
+from dcjax.transforms.spatial import Spatial
 
 __all__ = [
     "AUTO_MIN_DENSE_OUTPUTS",

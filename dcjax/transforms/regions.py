@@ -40,9 +40,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import primitives as P
 
-from dcjax.transforms import signatures as S
+from dcjax.transforms import signature_rules as S
 from dcjax.transforms._registry import registrar
-from dcjax.transforms.signatures import Spatial
+from dcjax.transforms.spatial import Spatial, first_spatial
 
 Mask = Any  # True (static), a bool scalar array, or a bool (H_v, W_v) array
 
@@ -226,7 +226,7 @@ def _conv(ctx, eqn, in_sigs, out_sigs, masks, **_):
 
 @register(P.reduce_window_sum_p, P.reduce_window_max_p, P.reduce_window_min_p, P.reduce_window_p)
 def _reduce_window(ctx, eqn, in_sigs, out_sigs, masks, **_):
-    sig = S._first(in_sigs)
+    sig = first_spatial(in_sigs)
     out = out_sigs[0]
     if out is None:
         return [_combine(ctx, in_sigs, None, masks) for _ in out_sigs]
