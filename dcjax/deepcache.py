@@ -55,8 +55,10 @@ from dcjax.kernels.matvec import delta_matvec
 from dcjax.matching.types import Match
 from dcjax.transforms import lowering
 from dcjax.transforms import refine as refine_lib
+from dcjax.transforms.analysis import analyze
 from dcjax.transforms.interpreter import FrameContext, evaluate
-from dcjax.transforms.signatures import DenseLayer, Layer, Spatial, analyze
+from dcjax.transforms.records import DenseLayer, Layer
+from dcjax.transforms.spatial import Spatial
 from dcjax.transforms.trace import check_frame_shape, trace_model
 
 __all__ = [

@@ -378,7 +378,8 @@ def _conv_stats(jaxpr) -> tuple[int, int]:
     """(FLOPs, count) of the convolutions in a jaxpr, through nested jaxprs."""
     from jax.extend.core import primitives as P
 
-    from dcjax.transforms.signatures import conv_flops, sub_jaxpr
+    from dcjax.transforms.analysis import conv_flops
+    from dcjax.transforms.calls import sub_jaxpr
 
     flops = count = 0
     for eqn in jaxpr.eqns:

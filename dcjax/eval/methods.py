@@ -61,8 +61,9 @@ import numpy as np
 from dcjax import deepcache
 from dcjax import kernels as _kernels
 from dcjax.config import Config
+from dcjax.transforms.analysis import analyze
 from dcjax.transforms.interpreter import FrameContext, evaluate
-from dcjax.transforms.signatures import Spatial, analyze
+from dcjax.transforms.spatial import Spatial
 from dcjax.transforms.trace import as_function, trace_model
 
 __all__ = [

@@ -49,9 +49,11 @@ from dcjax.eval.methods import (
     positive_int,
     register_method,
 )
+from dcjax.transforms.analysis import analyze
 from dcjax.transforms.interpreter import FrameContext, evaluate
 from dcjax.transforms.regions import and_pool
-from dcjax.transforms.signatures import Spatial, analyze, conv_window
+from dcjax.transforms.signature_rules import conv_window
+from dcjax.transforms.spatial import Spatial
 from dcjax.transforms.trace import trace_model
 
 __all__ = ["DEFAULTS", "block_match_map"]

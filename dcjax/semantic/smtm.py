@@ -51,7 +51,7 @@ from dcjax.kernels import dense_conv_eqn
 from dcjax.semantic import memory as mem
 from dcjax.transforms import exits
 from dcjax.transforms.interpreter import Env, FrameContext, dense_reuse, run_eqns
-from dcjax.transforms.signatures import Analysis
+from dcjax.transforms.records import Analysis
 
 __all__ = ["SemanticExits"]
 

@@ -31,8 +31,10 @@ import jax
 from jax import lax
 from jax.extend import core as jcore
 
+from dcjax.transforms.analysis import conv_flops, dot_flops
 from dcjax.transforms.interpreter import Env, FrameContext, run_eqns
-from dcjax.transforms.signatures import Analysis, Spatial, conv_flops, dot_flops
+from dcjax.transforms.records import Analysis
+from dcjax.transforms.spatial import Spatial
 
 __all__ = [
     "MARK_PREFIX",
@@ -187,7 +189,7 @@ def plan(analysis: Analysis, names: Sequence[str] | None = None) -> ExitPlan:
     """Find the exit points of ``analysis.jaxpr`` and cut it into segments.
 
     Args:
-        analysis: the analysed traced model (`signatures.analyze`).
+        analysis: the analysed traced model (`dcjax.transforms.analysis.analyze`).
         names: the exit points to use, in any order; ``None``: every mark that
             depends on the frame and is followed by more convolutions.
 

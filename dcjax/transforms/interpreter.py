@@ -39,7 +39,10 @@ from jax.extend import core as jcore
 
 from dcjax.kernels import Epilogue
 from dcjax.transforms import lowering, regions
-from dcjax.transforms.signatures import Analysis, Spatial, elementwise_call, sub_jaxpr
+from dcjax.transforms.calls import sub_jaxpr
+from dcjax.transforms.patterns import elementwise_call
+from dcjax.transforms.records import Analysis
+from dcjax.transforms.spatial import Spatial
 
 ReuseFn = Callable[..., jax.Array]
 RefineFn = Callable[[int, jax.Array, regions.Mask], regions.Mask]

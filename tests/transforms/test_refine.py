@@ -14,7 +14,7 @@ from skimage import data, transform
 from dcjax import deepcache
 from dcjax.config import RefineConfig
 from dcjax.transforms import refine as refine_lib
-from dcjax.transforms.signatures import DenseLayer
+from dcjax.transforms.records import DenseLayer
 
 SIZE = 32
 DN = ("NHWC", "HWIO", "NHWC")
