@@ -33,7 +33,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from dcjax import matching, models, video
-from dcjax.transforms.interpreter import FrameContext, propagate_masks
+from dcjax.transforms.interpreter import propagate_masks
+from dcjax.transforms.motion import FrameContext
 from dcjax.transforms.signatures import Spatial, analyze
 from dcjax.transforms.trace import trace_model
 
