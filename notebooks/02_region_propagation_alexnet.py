@@ -34,7 +34,8 @@ import numpy as np
 
 from dcjax import matching, models, video
 from dcjax.transforms.analysis import analyze
-from dcjax.transforms.interpreter import FrameContext, propagate_masks
+from dcjax.transforms.interpreter import propagate_masks
+from dcjax.transforms.motion import FrameContext
 from dcjax.transforms.spatial import Spatial
 from dcjax.transforms.trace import trace_model
 

@@ -16,9 +16,15 @@ What the subpackage offers, lowest first:
 - `analysis`: `analyze`, the pass that fills the records once per model.
 - `regions`: the reuse-mask rules, one per primitive (`MASK_RULES`).
 - `lowering`: faster XLA:CPU forms of a few primitives, the same results.
-- `interpreter`: the caching interpreter (evaluate a jaxpr, reusing cached
-  layer outputs where their masks allow).
-- `refine`: the bounded-error change test inside the network.
+- `motion`: `FrameContext`, a frame's motion as the mask rules see it (the
+  shift at each stride, `ALIGNMENTS`), and mask layout helpers.
+- `interpreter`: the caching interpreter (`evaluate` a jaxpr, reusing cached
+  layer outputs where their masks allow), driven by one `Policy` object and
+  returning per-layer results.
+- `queries`: per-layer questions asked of an analysis (which layers read a
+  cache, read the frame, share an input; epilogues; inverted-residual chains).
+- `refine`: the bounded-error change test inside the network (rules, error
+  bounds); `refiners`: the tests of one frame, as the step runs them.
 - `exits`: semantic exit points (`exit_point`, `marked`) and the evaluation
   that skips the layers after a taken exit.
 

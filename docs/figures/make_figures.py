@@ -33,19 +33,14 @@ from matplotlib.patches import Patch, Rectangle  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from dcjax import deepcache, kernels, matching, models, video  # noqa: E402
-
-# The analysis entry points, in the layout of issue 41 or the one before it.
-try:
-    from dcjax.transforms import Spatial, analyze, trace_model
-except ImportError:
-    from dcjax.transforms.signatures import Spatial, analyze
-    from dcjax.transforms.trace import trace_model
-try:
-    from dcjax.transforms.motion import FrameContext
-except ImportError:
-    from dcjax.transforms.interpreter import FrameContext
-from dcjax.transforms import refine  # noqa: E402
+from dcjax.transforms import (  # noqa: E402
+    Spatial,
+    analyze,
+    refine,  # noqa: E402
+    trace_model,
+)
 from dcjax.transforms.interpreter import propagate_masks  # noqa: E402
+from dcjax.transforms.motion import FrameContext  # noqa: E402
 
 OUT = pathlib.Path(__file__).resolve().parent
 SIZE = (224, 224)

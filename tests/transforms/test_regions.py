@@ -22,7 +22,8 @@ from jax import lax
 
 from dcjax.transforms import regions
 from dcjax.transforms.analysis import analyze
-from dcjax.transforms.interpreter import FrameContext, propagate_masks
+from dcjax.transforms.interpreter import propagate_masks
+from dcjax.transforms.motion import FrameContext
 from dcjax.transforms.spatial import Spatial
 from dcjax.transforms.trace import trace_model
 
