@@ -52,7 +52,8 @@ from jax import lax
 from dcjax._loops import skipping_pays
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels import xla as _xla
-from dcjax.kernels.masked import Epilogue, dense_conv_eqn
+from dcjax.kernels.geometry import ConvGeometry, Epilogue
+from dcjax.kernels.masked import dense_conv_eqn
 
 __all__ = [
     "CHAIN_MIN_SIDE",
@@ -119,13 +120,17 @@ def reference_chain(
 
 
 def _plan(x_shape, links: Sequence[Link]) -> _tiles.TilePlan:
-    """The tile plan of the depthwise layer's window over ``x`` (see the module docstring)."""
-    p = links[1].eqn.params
+    """The tile plan of the depthwise layer's window over ``x`` (see the module
+    docstring): the depthwise geometry, ungrouped, from ``x`` to the projection's
+    channels."""
+    depthwise = ConvGeometry.from_params(links[1].eqn.params)
     kh, kw = links[1].w.shape[:2]
     return _tiles.plan(
-        x_shape, (kh, kw, x_shape[-1], links[2].w.shape[-1]), strides=p["window_strides"],
-        padding=p["padding"], dilation=p["rhs_dilation"], tile=CHAIN_TILE,
-    )  # fmt: skip
+        x_shape,
+        (kh, kw, x_shape[-1], links[2].w.shape[-1]),
+        dataclasses.replace(depthwise, groups=1),
+        tile=CHAIN_TILE,
+    )
 
 
 def _unpadded(eqn):

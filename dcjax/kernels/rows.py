@@ -61,8 +61,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +69,7 @@ from jax import lax
 from dcjax._compact import compact
 from dcjax._loops import halving_schedule, halving_sizes
 from dcjax.kernels import tiles as _tiles
+from dcjax.kernels.geometry import ConvGeometry, Epilogue
 from dcjax.kernels.xla import (
     apply_epilogue,
     dense_conv,
@@ -78,9 +77,6 @@ from dcjax.kernels.xla import (
     pooled_over_streams,
     sparse_or_dense,
 )
-
-if TYPE_CHECKING:
-    from dcjax.kernels.masked import Epilogue
 
 __all__ = [
     "DEFAULT_CHUNK",
@@ -359,11 +355,8 @@ def rows_masked_conv(
     w: jax.Array,
     reuse_mask: jax.Array,
     cached: jax.Array,
+    geometry: ConvGeometry,
     *,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]] | str,
-    dilation: Sequence[int] = (1, 1),
-    groups: int = 1,
     chunk: int | None = None,
     dense_fraction: float | None = None,
     epilogue: Epilogue | None = None,
@@ -371,9 +364,9 @@ def rows_masked_conv(
     """Sparse masked convolution at pixel granularity (see the module docstring).
 
     Args:
-        x, w, reuse_mask, cached, strides, padding, dilation, epilogue: as in
-            `dcjax.kernels.masked_conv`.
-        groups: 1, or a few groups of enough channels (`computes_groups`).
+        x, w, reuse_mask, cached, epilogue: as in `dcjax.kernels.masked_conv`.
+        geometry: as in `dcjax.kernels.masked_conv`; its ``groups`` 1, or a few
+            groups of enough channels (`computes_groups`).
         chunk: output pixels per loop step (default: `row_plan`'s rule).
         dense_fraction: dirty-pixel fraction above which the dense path runs
             (default: `DENSE_FRACTION` of the kernel's class).
@@ -384,24 +377,18 @@ def rows_masked_conv(
     Raises:
         ValueError: groups the kernel does not compute (`computes_groups`).
     """
+    groups = geometry.groups
     if groups != 1 and not computes_groups(x.shape[-1], groups):
         raise ValueError(
             f"dcjax: the rows kernel computes ungrouped convolutions and up to {MAX_GROUPS} "
             f"groups of at least {TAP_ROWS_MIN_CIN} input channels (groups={groups}, "
             f"{x.shape[-1]} channels); use impl='xla' for depthwise and many-group convolutions"
         )
-    strides, dilation = tuple(strides), tuple(dilation)
-    pad_arg = padding if isinstance(padding, str) else tuple(map(tuple, padding))
-
     fn, epi_ops = epilogue_parts(epilogue)
 
     def unbatched(x, w, reuse_mask, cached, epi_ops):
-        p = _tiles.plan(
-            x.shape, w.shape, strides=strides, padding=pad_arg, dilation=dilation, groups=groups
-        )
+        p = _tiles.plan(x.shape, w.shape, geometry)
         rp = row_plan(p, chunk=chunk, dense_fraction=dense_fraction)
         return _rows_unbatched(x, w, reuse_mask, cached, epi_ops, rp, fn)
 
-    return pooled_over_streams(unbatched, strides, pad_arg, dilation, groups, fn)(
-        x, w, reuse_mask, cached, epi_ops
-    )
+    return pooled_over_streams(unbatched, geometry, fn)(x, w, reuse_mask, cached, epi_ops)

@@ -35,8 +35,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -44,10 +43,8 @@ from jax import lax
 
 from dcjax._loops import pinned, run_if
 from dcjax.kernels import tiles as _tiles
+from dcjax.kernels.geometry import ConvGeometry, Epilogue
 from dcjax.kernels.reference import DIMENSION_NUMBERS, conv
-
-if TYPE_CHECKING:
-    from dcjax.kernels.masked import Epilogue
 
 __all__ = [
     "apply_epilogue",
@@ -483,11 +480,8 @@ def xla_masked_conv(
     w: jax.Array,
     reuse_mask: jax.Array,
     cached: jax.Array,
+    geometry: ConvGeometry,
     *,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]] | str,
-    dilation: Sequence[int] = (1, 1),
-    groups: int = 1,
     tile: tuple[int, int] | None = None,
     p: _tiles.TilePlan | None = None,
     epilogue: Epilogue | None = None,
@@ -495,8 +489,8 @@ def xla_masked_conv(
     """Sparse masked convolution by tile gather, batched conv and scatter.
 
     Args:
-        x, w, reuse_mask, cached, strides, padding, dilation, groups, tile,
-            epilogue: as in `dcjax.kernels.masked_conv`.
+        x, w, reuse_mask, cached, geometry, tile, epilogue: as in
+            `dcjax.kernels.masked_conv`.
         p: a precomputed plan (overrides ``tile``).
 
     Returns:
@@ -504,9 +498,6 @@ def xla_masked_conv(
 
     Inference only: the custom batching rule defines no derivative.
     """
-    strides, dilation = tuple(strides), tuple(dilation)
-    pad_arg = padding if isinstance(padding, str) else tuple(map(tuple, padding))
-
     fn, epi_ops = epilogue_parts(epilogue)
 
     def unbatched(x, w, reuse_mask, cached, epi_ops):
@@ -514,17 +505,11 @@ def xla_masked_conv(
             q = p
         else:  # no plan, or a batch folded in by vmap: same tile, new tile count
             q = _tiles.plan(
-                x.shape,
-                w.shape,
-                strides=strides,
-                padding=pad_arg,
-                dilation=dilation,
-                groups=groups,
-                tile=(p.th, p.tw) if p is not None else tile,
+                x.shape, w.shape, geometry, tile=(p.th, p.tw) if p is not None else tile
             )
         return _masked_conv_unbatched(x, w, reuse_mask, cached, epi_ops, q, fn)
 
-    run = pooled_over_streams(unbatched, strides, pad_arg, dilation, groups, fn)
+    run = pooled_over_streams(unbatched, geometry, fn)
     return run(x, w, reuse_mask, cached, epi_ops)
 
 
@@ -535,7 +520,7 @@ def epilogue_parts(epilogue: Epilogue | None) -> tuple[Callable | None, tuple[tu
     return epilogue.fn, (tuple(epilogue.operands), tuple(epilogue.pixel_operands))
 
 
-def pooled_over_streams(unbatched, strides, padding, dilation, groups, fn=None):
+def pooled_over_streams(unbatched, geometry: ConvGeometry, fn=None):
     """``unbatched(x, w, mask, cached, (ops, pix))`` with a batching rule pooling streams into N.
 
     Under `jax.vmap` the mapped axis is folded into the batch axis N, so one
@@ -547,7 +532,7 @@ def pooled_over_streams(unbatched, strides, padding, dilation, groups, fn=None):
     """
 
     def per_stream(x, w, m, c, ops, pix):
-        fresh = conv(x, w, strides=strides, padding=padding, dilation=dilation, groups=groups)
+        fresh = conv(x, w, geometry)
         return jnp.where(m[..., None], c.astype(fresh.dtype), apply_epilogue(fn, fresh, ops, pix))
 
     return pooled(unbatched, per_stream)
