@@ -38,7 +38,8 @@ Pallas lowers GPU kernels to Mosaic GPU unless told otherwise: the call passes
 Triton IR needs no GPU, so the tests lower every layer geometry of the zoo on
 CPU; the compiled kernel was checked against the dense convolution on an H100
 (the kernel tests and the transform's invariants with every kernel, compiled
-there) and timed with ``python -m dcjax.kernels.bench`` (`dcjax.kernels.auto`).
+there) and timed against the other kernels (docs/performance-notes.md, "GPU: the
+Pallas kernel for every layer class").
 """
 
 from __future__ import annotations

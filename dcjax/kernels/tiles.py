@@ -30,14 +30,12 @@ fraction of the dense work that is done.
 
 Tile-size rule (`default_tile`): per axis, side ``clip(round(side / 14), 4,
 16)``, then evened out so the last tile is nearly full: 4 x 4 output pixels
-for maps up to ~63 pixels (every ResNet/MobileNet stage from 56x56 down,
-AlexNet's 55x55 and 27x27), growing to 8 at 112 and 16 at 224 so the tile
-list stays short. Measured on CPU (``python -m dcjax.kernels.bench --tiles``):
-with blob-shaped masks the dirty-tile fraction grows quickly with the tile
-side (at 25 % dirty pixels: ~29 % of 4x4 tiles, ~38 % of 7x7, 50 % of 14x14)
-while the batched convolution's per-pixel cost hardly changes between 2 and 8,
-so 4 was fastest or within noise of it on every layer at 10 % and 25 %.
-Pass ``tile=`` to override.
+for maps up to ~63 pixels, growing to 8 at 112 and 16 at 224 so the tile list
+stays short. Small tiles keep the dirty-tile fraction of blob-shaped masks
+close to the dirty-pixel fraction, and the batched convolution's per-pixel
+cost hardly depends on the tile side (docs/performance-notes.md, "Tile size:
+4x4 output pixels up to ~63-pixel maps (default_tile)"). Pass ``tile=`` to
+override.
 """
 
 from __future__ import annotations
