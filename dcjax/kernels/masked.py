@@ -1,6 +1,6 @@
 """`masked_conv`: the single entry point of the sparse-update convolution kernels.
 
-Contract: ``out = masked_conv(x, w, reuse_mask, cached, ...)`` equals
+Contract: ``out = masked_conv(x, w, reuse_mask, cached, geometry)`` equals
 ``lax.conv_general_dilated`` (NHWC input, HWIO weights, same dtype, fp
 tolerance) wherever ``reuse_mask`` is false; where it is true, ``out`` is
 ``cached`` or the freshly computed value. With a sparse implementation every
