@@ -13,7 +13,7 @@ import pytest
 from skimage import data, transform
 
 from dcjax import deepcache
-from dcjax.kernels import plan
+from dcjax.kernels import ConvGeometry, plan
 from dcjax.step import mean_of_masks
 from tests.kernels._strategies import all_eqns
 from tests.transforms import small_models
@@ -900,10 +900,12 @@ def test_convolutions_with_an_explicit_precision_are_reused_at_that_precision():
         plan(
             layer.in_shape,
             (*layer.kernel, layer.in_channels // layer.groups, layer.out_channels),
-            strides=layer.strides,
-            padding=layer.padding,
-            dilation=layer.dilation,
-            groups=layer.groups,
+            ConvGeometry(
+                strides=layer.strides,
+                padding=layer.padding,
+                dilation=layer.dilation,
+                groups=layer.groups,
+            ),
         )
         for layer in cached.layers
     ]

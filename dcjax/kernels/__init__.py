@@ -2,9 +2,15 @@
 
 Public API:
 
-- `masked_conv`: the single entry point (``impl`` = "auto", "reference",
-  "dense", "xla" (tiles), "rows" (pixel rows, `dcjax.kernels.rows`), "pallas",
-  "pallas_gpu", "pallas_tpu").
+- `masked_conv`: the single entry point (``impl`` = one of `IMPLS`: "auto",
+  "reference", "dense", "xla" (tiles), "rows" (pixel rows,
+  `dcjax.kernels.rows`), "pallas", "pallas_gpu", "pallas_tpu").
+- `ConvGeometry`: strides, padding, dilation and groups of a convolution, the
+  record every kernel takes after its arrays
+  (``masked_conv(x, w, reuse_mask, cached, geometry, ...)``).
+- `masked_conv_eqn`, `dense_conv_eqn`, `reads_cache`: the same for a traced
+  ``conv_general_dilated`` equation; `plain_conv` says which equations the
+  kernels compute.
 - `plan` / `TilePlan`: the static tile plan of a layer (tile size, grid, bucket
   capacities); `default_tile` is the tile-size rule.
 - `dirty_fraction`: fraction of output tiles that are dirty (work a perfect
@@ -18,7 +24,7 @@ Public API:
   that the kernels apply to the outputs they compute, so that reused pixels
   skip it too (``masked_conv(..., epilogue=...)``).
 
-Contract: ``out = masked_conv(x, w, reuse_mask, cached, ...)`` equals
+Contract: ``out = masked_conv(x, w, reuse_mask, cached, geometry)`` equals
 ``lax.conv_general_dilated`` (NHWC input, HWIO weights) wherever ``reuse_mask``
 is false; where it is true, ``out`` is ``cached`` or the freshly computed value.
 Sparse implementations leave every clean output tile (every reusable pixel, for
@@ -26,9 +32,9 @@ Sparse implementations leave every clean output tile (every reusable pixel, for
 """
 
 from dcjax.kernels.auto import choose as choose_impl
+from dcjax.kernels.geometry import ConvGeometry, Epilogue, plain_conv
 from dcjax.kernels.masked import (
     IMPLS,
-    Epilogue,
     dense_conv_eqn,
     masked_conv,
     masked_conv_eqn,
@@ -45,6 +51,7 @@ from dcjax.kernels.tiles import (
 
 __all__ = [
     "IMPLS",
+    "ConvGeometry",
     "Epilogue",
     "TilePlan",
     "choose_impl",
@@ -54,8 +61,9 @@ __all__ = [
     "dirty_fraction",
     "masked_conv",
     "masked_conv_eqn",
-    "reads_cache",
+    "plain_conv",
     "plan",
+    "reads_cache",
     "reference_masked_conv",
     "work_fraction",
 ]

@@ -36,6 +36,7 @@ from dcjax.kernels import auto as _auto
 from dcjax.kernels import pallas_gpu
 from dcjax.kernels import rows as _rows
 from dcjax.kernels import tiles as _tiles
+from dcjax.kernels.geometry import ConvGeometry
 from dcjax.kernels.masked import masked_conv
 from dcjax.kernels.reference import conv
 from dcjax.kernels.xla import dense_conv
@@ -161,11 +162,11 @@ def run(
         h, w_, cin, cout, k, s, g, pad, total_stride = LAYERS[name]
         x = jnp.asarray(rng.normal(size=(batch, h, w_, cin)), jnp.float32)
         w = jnp.asarray(rng.normal(size=(k, k, cin // g, cout)) / k, jnp.float32)
-        kw = dict(strides=(s, s), padding=pad, groups=g)
+        geom = ConvGeometry(strides=(s, s), padding=pad, groups=g)
         with jax.default_matmul_precision("highest"):
-            exact = np.asarray(jax.jit(lambda x, w, kw=kw: conv(x, w, **kw))(x, w))
+            exact = np.asarray(jax.jit(lambda x, w, geom=geom: conv(x, w, geom))(x, w))
         with jax.default_matmul_precision(precision):
-            dense_plan = _tiles.plan(x.shape, w.shape, **kw)
+            dense_plan = _tiles.plan(x.shape, w.shape, geom)
             dense_fn = jax.jit(lambda x, w, p=dense_plan: dense_conv(x, w, p))
             cached = dense_fn(x, w) + 1.0  # so that reused pixels differ from fresh ones
         _, ho, wo, _ = cached.shape
@@ -176,8 +177,8 @@ def run(
             for t in tiles:
                 with jax.default_matmul_precision(precision):
                     compiled[(impl, t)] = jax.jit(
-                        lambda x, w, m, c, impl=impl, t=t, kw=kw: masked_conv(
-                            x, w, m, c, impl=impl, tile=t, **kw
+                        lambda x, w, m, c, impl=impl, t=t, geom=geom: masked_conv(
+                            x, w, m, c, geom, impl=impl, tile=t
                         ),
                         donate_argnums=(3,) if donate else (),
                     )
@@ -201,10 +202,10 @@ def run(
             dense_ms, dense_min = times[0]
             for key, (t_ms, t_min) in zip(keys, times[1:], strict=True):
                 impl, t = key
-                p = _tiles.plan(x.shape, w.shape, tile=t, **kw)
+                p = _tiles.plan(x.shape, w.shape, geom, tile=t)
                 auto_impl = _auto.choose(p, backend)[0]
                 if impl.startswith("pallas") and backend != "tpu":
-                    p = pallas_gpu.tile_plan(x.shape, w.shape, tile=t, **kw)
+                    p = pallas_gpu.tile_plan(x.shape, w.shape, geom, tile=t)
                 if impl == "auto":
                     impl = "auto:" + auto_impl
                 ideal = dense_ms * pix

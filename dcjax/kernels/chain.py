@@ -22,17 +22,11 @@ sparse kernels gather and scatter each thin map and write the wide expanded
 map out; here the expanded map never leaves the tile, which is what makes
 the thin layers of EfficientNet-Lite0's early blocks worth skipping on CPU.
 
-Measured (the 2-core Intel development machine, a stand-alone block with
-random weights, medians of 50 jitted calls, cache donated; fraction of the
-dense block's time at 15 / 30 / 45 % of the tiles dirty): 112x112x16 ->
-96 -> 3x3/2 -> 24 (1.21 ms dense) 0.32 / 0.56 / 0.58; 56x56x24 -> 144 ->
-3x3 -> 24 with residual (0.85 ms) 0.28 / 0.92 / 0.76 (0.41 at 25 % in
-another run); 56x56 -> 5x5/2 -> 40 (0.70 ms) 0.39 / 0.46 / 0.58; 28x28x40
--> 240 -> 5x5 -> 40 (0.99 ms) 0.33 / 0.59 / 0.58. Without an expansion
-(depthwise then projection) the window's halo costs more than it saves, so
-chains start at an expansion. `chain_pays` is the rule the transform
-applies with ``Config(fuse_blocks=True)``; the end-to-end effect (faster,
-and less exact than computing those layers in full) is in
+A chain starts at an expansion: without one (depthwise then projection) the
+window's halo costs more than it saves (docs/performance-notes.md, "Chains are
+computed on tiles and start at an expansion"). `chain_pays` is the rule the
+transform applies with ``Config(fuse_blocks=True)``; the end-to-end effect
+(faster, and less exact than computing those layers in full) is in
 `dcjax.config.Config`'s docs.
 
 Off CPU (`dcjax._loops.skipping_pays` false) chains are not formed: the
@@ -52,7 +46,8 @@ from jax import lax
 from dcjax._loops import skipping_pays
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels import xla as _xla
-from dcjax.kernels.masked import Epilogue, dense_conv_eqn
+from dcjax.kernels.geometry import ConvGeometry, Epilogue
+from dcjax.kernels.masked import dense_conv_eqn
 
 __all__ = [
     "CHAIN_MIN_SIDE",
@@ -64,13 +59,11 @@ __all__ = [
     "reference_chain",
 ]
 
-#: The smallest output side (pixels) on which a chain is computed by tiles.
+#: The smallest output side (pixels) on which a chain is computed by tiles (`chain_pays`).
 CHAIN_MIN_SIDE: int = 56
 #: Output tile of a chain (clipped to the map). Smaller tiles cover less clean
-#: area around the dirty pixels, larger ones recompute less halo; on
-#: EfficientNet-Lite0 over vtest (120 frames, paired, one process, two passes)
-#: 4 x 4 tiles ran the cached step 0.15 ms a frame faster than 8 x 8, and
-#: 14 x 14 ones 0.1-0.2 ms slower, all within noise.
+#: area around the dirty pixels, larger ones recompute less halo
+#: (docs/performance-notes.md, "Chain tiles of 4x4 (CHAIN_TILE)").
 CHAIN_TILE: tuple[int, int] = (4, 4)
 
 
@@ -85,14 +78,9 @@ class Link:
 
 def chain_pays(out_hw: tuple[int, int]) -> bool:
     """Whether a chain is computed by tiles (``Config(fuse_blocks=True)``): on
-    CPU, with an output of at least `CHAIN_MIN_SIDE` pixels a side.
-
-    On EfficientNet-Lite0 over vtest (`dcjax profile`, 40 frames; ms a frame,
-    no cache -> cached step with chains from 28 pixels) block1 (112 -> 56)
-    went 1.52 -> 0.67 and block2 (56) 0.69 -> 0.53, while block3 (56 -> 28)
-    went 0.54 -> 0.74 and block4 (28) 0.60 -> 0.90: on 28x28 maps too many of
-    the few tiles are dirty. Paired over 120 frames, the cached step with
-    chains from 56 pixels ran 0.74 ms a frame faster than without chains.
+    CPU, with an output of at least `CHAIN_MIN_SIDE` pixels a side. On smaller
+    maps too many of the few tiles are dirty (docs/performance-notes.md,
+    "Chains only on maps of 56 pixels and more (CHAIN_MIN_SIDE, chain_pays)").
     """
     return skipping_pays() and min(out_hw) >= CHAIN_MIN_SIDE
 
@@ -119,13 +107,17 @@ def reference_chain(
 
 
 def _plan(x_shape, links: Sequence[Link]) -> _tiles.TilePlan:
-    """The tile plan of the depthwise layer's window over ``x`` (see the module docstring)."""
-    p = links[1].eqn.params
+    """The tile plan of the depthwise layer's window over ``x`` (see the module
+    docstring): the depthwise geometry, ungrouped, from ``x`` to the projection's
+    channels."""
+    depthwise = ConvGeometry.from_params(links[1].eqn.params)
     kh, kw = links[1].w.shape[:2]
     return _tiles.plan(
-        x_shape, (kh, kw, x_shape[-1], links[2].w.shape[-1]), strides=p["window_strides"],
-        padding=p["padding"], dilation=p["rhs_dilation"], tile=CHAIN_TILE,
-    )  # fmt: skip
+        x_shape,
+        (kh, kw, x_shape[-1], links[2].w.shape[-1]),
+        dataclasses.replace(depthwise, groups=1),
+        tile=CHAIN_TILE,
+    )
 
 
 def _unpadded(eqn):

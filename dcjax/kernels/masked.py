@@ -1,6 +1,6 @@
 """`masked_conv`: the single entry point of the sparse-update convolution kernels.
 
-Contract: ``out = masked_conv(x, w, reuse_mask, cached, ...)`` equals
+Contract: ``out = masked_conv(x, w, reuse_mask, cached, geometry)`` equals
 ``lax.conv_general_dilated`` (NHWC input, HWIO weights, same dtype, fp
 tolerance) wherever ``reuse_mask`` is false; where it is true, ``out`` is
 ``cached`` or the freshly computed value. With a sparse implementation every
@@ -24,28 +24,24 @@ select) instead.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from dcjax.kernels import auto as _auto
 from dcjax.kernels import rows as _rows
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels import xla as _xla
+from dcjax.kernels.geometry import ConvGeometry, Epilogue, nhwc_conv, plain_conv, precision_name
 from dcjax.kernels.reference import conv, reference_masked_conv
 from dcjax.kernels.rows import rows_masked_conv
 from dcjax.kernels.xla import dense_conv, xla_masked_conv
 
 __all__ = [
     "IMPLS",
-    "Epilogue",
     "dense_conv_eqn",
     "masked_conv",
     "masked_conv_eqn",
-    "plain_conv",
     "reads_cache",
 ]
 
@@ -53,38 +49,13 @@ __all__ = [
 IMPLS = ("auto", "reference", "dense", "xla", "rows", "pallas", "pallas_gpu", "pallas_tpu")
 
 
-@dataclasses.dataclass(frozen=True)
-class Epilogue:
-    """An elementwise map applied to freshly computed convolution outputs.
-
-    Attributes:
-        fn: ``fn(y, *operands, *pixel_operands)``; acts on each element of ``y``
-            (any leading shape, channels last) on its own, keeping shape and
-            dtype; the pixel operands arrive cut to ``y``'s pixels.
-        operands: scalars or ``(Cout,)`` vectors, broadcast along the last axis.
-        pixel_operands: arrays shaped like the output (N, Ho, Wo, Cout), such
-            as a residual branch: a kernel reads them at the pixels it computes.
-    """
-
-    fn: Callable[..., jax.Array]
-    operands: tuple = ()
-    pixel_operands: tuple = ()
-
-    def __call__(self, y: jax.Array) -> jax.Array:
-        """The epilogue on a whole output ``y``."""
-        return self.fn(y, *self.operands, *self.pixel_operands)
-
-
 def masked_conv(
     x: jax.Array,
     w: jax.Array,
     reuse_mask: jax.Array,
     cached: jax.Array,
+    geometry: ConvGeometry,
     *,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]] | str,
-    dilation: Sequence[int] = (1, 1),
-    groups: int = 1,
     impl: str = "auto",
     tile: tuple[int, int] | None = None,
     interpret: bool = False,
@@ -99,10 +70,8 @@ def masked_conv(
         reuse_mask: bool (N, Ho, Wo); true where ``cached`` may be used.
         cached: (N, Ho, Wo, Cout) previous output, already shifted to the
             current frame.
-        strides: (sy, sx) window strides.
-        padding: "SAME", "VALID" or ((lo, hi), (lo, hi)).
-        dilation: (dy, dx) kernel (rhs) dilation.
-        groups: feature groups (``Cin`` for depthwise).
+        geometry: strides, padding ("SAME", "VALID" or ((lo, hi), (lo, hi))),
+            kernel dilation and feature groups (`ConvGeometry`).
         impl: ``"reference"`` (dense conv then select, the oracle), ``"dense"``
             (the dense convolution alone: every pixel fresh, which the contract
             allows; an option for 1x1 layers when the cache cannot be donated),
@@ -131,15 +100,7 @@ def masked_conv(
     if impl not in IMPLS:
         raise ValueError(f"dcjax: masked_conv impl must be one of {IMPLS}, got {impl!r}")
     reuse_mask = jnp.asarray(reuse_mask).astype(bool)
-    p = _tiles.plan(
-        x.shape,
-        w.shape,
-        strides=strides,
-        padding=padding,
-        dilation=dilation,
-        groups=groups,
-        tile=tile,
-    )
+    p = _tiles.plan(x.shape, w.shape, geometry, tile=tile)
     if reuse_mask.shape != (p.n, p.ho, p.wo):
         raise ValueError(
             f"dcjax: masked_conv reuse_mask has shape {reuse_mask.shape} but the convolution "
@@ -150,7 +111,6 @@ def masked_conv(
             f"dcjax: masked_conv cached has shape {cached.shape} but the convolution output "
             f"is {(p.n, p.ho, p.wo, p.cout)}; pass the previous output shifted to this frame"
         )
-    kwargs = dict(strides=strides, padding=padding, dilation=dilation, groups=groups)
     chunk = None
     if impl == "auto":
         impl, auto_tile = _auto.choose(p, jax.default_backend(), scattered)
@@ -162,16 +122,16 @@ def masked_conv(
         impl = "pallas_tpu" if jax.default_backend() == "tpu" else "pallas_gpu"
     if impl == "reference" or (epilogue is not None and impl == "pallas_tpu"):
         if epilogue is None:
-            return reference_masked_conv(x, w, reuse_mask, cached, **kwargs)
-        fresh = epilogue(conv(x, w, **kwargs))
+            return reference_masked_conv(x, w, reuse_mask, cached, geometry)
+        fresh = epilogue(conv(x, w, geometry))
         return jnp.where(reuse_mask[..., None], cached.astype(fresh.dtype), fresh)
     if impl == "dense":
         out = dense_conv(x, w, p)
         return out if epilogue is None else epilogue(out)
-    if impl == "rows" and _rows.computes_groups(x.shape[-1], groups):
-        return rows_masked_conv(x, w, reuse_mask, cached, chunk=chunk, epilogue=epilogue, **kwargs)
+    if impl == "rows" and _rows.computes_groups(x.shape[-1], geometry.groups):
+        return rows_masked_conv(x, w, reuse_mask, cached, geometry, chunk=chunk, epilogue=epilogue)
     if impl in ("xla", "rows"):  # rows leaves depthwise and many-group convolutions to xla
-        return xla_masked_conv(x, w, reuse_mask, cached, tile=tile, epilogue=epilogue, **kwargs)
+        return xla_masked_conv(x, w, reuse_mask, cached, geometry, tile=tile, epilogue=epilogue)
     if not interpret and jax.default_backend() != {"pallas_gpu": "gpu", "pallas_tpu": "tpu"}[impl]:
         raise ValueError(
             f"dcjax: masked_conv impl={impl!r} compiles only on "
@@ -181,59 +141,16 @@ def masked_conv(
     if impl == "pallas_gpu":
         from dcjax.kernels import pallas_gpu
 
-        if not pallas_gpu.supports(w.shape, groups):
-            return xla_masked_conv(x, w, reuse_mask, cached, tile=tile, epilogue=epilogue, **kwargs)
+        if not pallas_gpu.supports(w.shape, geometry.groups):
+            return xla_masked_conv(x, w, reuse_mask, cached, geometry, tile=tile, epilogue=epilogue)
         return pallas_gpu.pallas_gpu_masked_conv(
-            x, w, reuse_mask, cached, tile=tile, interpret=interpret, epilogue=epilogue, **kwargs
+            x, w, reuse_mask, cached, geometry, tile=tile, interpret=interpret, epilogue=epilogue
         )
     from dcjax.kernels.pallas_tpu import pallas_tpu_masked_conv
 
     return pallas_tpu_masked_conv(
-        x, w, reuse_mask, cached, tile=tile, interpret=interpret, **kwargs
+        x, w, reuse_mask, cached, geometry, tile=tile, interpret=interpret
     )
-
-
-_NHWC = ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
-
-
-def _plain(params) -> bool:
-    """An NHWC/HWIO convolution without input dilation or batch groups."""
-    dn = params["dimension_numbers"]
-    return (
-        (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)) == _NHWC
-        and tuple(params["lhs_dilation"]) == (1, 1)
-        and params["batch_group_count"] == 1
-    )
-
-
-def plain_conv(params) -> bool:
-    """Whether a ``conv_general_dilated`` with these params goes through `masked_conv`:
-    NHWC/HWIO, no input dilation or batch groups, no preferred element type, and
-    a precision that is None or `lax.Precision` values (`_precision_name`)."""
-    return (
-        _plain(params)
-        and params["preferred_element_type"] is None
-        and _precision_name(params["precision"]) is not False
-    )
-
-
-_PRECISION_NAMES = {
-    lax.Precision.DEFAULT: "default",
-    lax.Precision.HIGH: "high",
-    lax.Precision.HIGHEST: "highest",
-}
-
-
-def _precision_name(precision) -> str | None | bool:
-    """The `jax.default_matmul_precision` name of a convolution's ``precision``
-    param (the higher of a pair), None for none, False for a dot algorithm."""
-    if precision is None:
-        return None
-    pair = precision if isinstance(precision, tuple) else (precision, precision)
-    if not all(p is None or p in _PRECISION_NAMES for p in pair):
-        return False
-    order = list(_PRECISION_NAMES)
-    return _PRECISION_NAMES[max((p or lax.Precision.DEFAULT for p in pair), key=order.index)]
 
 
 def dense_conv_eqn(eqn, invals) -> jax.Array:
@@ -250,11 +167,8 @@ def dense_conv_eqn(eqn, invals) -> jax.Array:
     """
     p = eqn.params
     x, w = invals
-    if _plain(p) and jax.default_backend() == "cpu":
-        tp = _tiles.plan(
-            x.shape, w.shape, strides=p["window_strides"], padding=p["padding"],
-            dilation=p["rhs_dilation"], groups=p["feature_group_count"],
-        )  # fmt: skip
+    if nhwc_conv(p) and jax.default_backend() == "cpu":
+        tp = _tiles.plan(x.shape, w.shape, ConvGeometry.from_params(p))
         if tp.groups > 1 or _xla.dot_pays(tp) or _xla.rgb_pays(tp) or _xla.taps_pays(tp):
             return dense_conv(x, w, tp)
     return eqn.primitive.bind(x, w, **p)
@@ -283,18 +197,17 @@ def masked_conv_eqn(
     if impl != "reference" and plain:
         # An explicit precision (jax.default_matmul_precision("highest") around
         # the traced model) holds for every product the kernels compute.
-        name = _precision_name(p["precision"])
+        name = precision_name(p["precision"])
         with contextlib.nullcontext() if name is None else jax.default_matmul_precision(name):
             return masked_conv(
                 x, w, jnp.broadcast_to(mask, (x.shape[0], *mask.shape)), cached,
-                strides=p["window_strides"], padding=p["padding"], dilation=p["rhs_dilation"],
-                groups=p["feature_group_count"], impl=impl,
+                ConvGeometry.from_params(p), impl=impl,
                 interpret=impl == "pallas" and jax.default_backend() == "cpu",
                 scattered=scattered, epilogue=epilogue,
             )  # fmt: skip
     dense = eqn.primitive.bind(x, w, **p)
     if epilogue is not None:
-        if not _plain(p):
+        if not nhwc_conv(p):
             raise ValueError("dcjax: an epilogue needs a channels-last (NHWC) convolution")
         dense = epilogue(dense)
     oy, ox = p["dimension_numbers"].out_spec[2:]
@@ -320,8 +233,5 @@ def reads_cache(eqn, impl: str) -> bool:
     if impl != "auto":
         return True
     x, w = (v.aval for v in eqn.invars)
-    tp = _tiles.plan(
-        x.shape, w.shape, strides=p["window_strides"], padding=p["padding"],
-        dilation=p["rhs_dilation"], groups=p["feature_group_count"],
-    )  # fmt: skip
+    tp = _tiles.plan(x.shape, w.shape, ConvGeometry.from_params(p))
     return _auto.choose(tp, jax.default_backend())[0] != "dense"

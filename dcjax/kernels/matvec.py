@@ -7,39 +7,23 @@ Contract: ``delta_matvec(y, w, d, changed)`` returns, in float32,
 `reference_delta_matvec` is the oracle: ``y + where(changed, d, 0) @ w``.
 
 A fully connected layer on a frame-dependent vector reads its whole weight
-matrix on every frame (AlexNet's ``fc6`` is 151 MB of float32 weights, 5-6 ms
-a frame on this project's 2-core CPU, at memory speed). When only a fraction
-``f`` of its inputs changed, the product moves by the changed rows only
-(DeltaCNN's update for linear layers). On CPU the kernel lists the changed
-inputs (`dcjax._compact.compact`) and adds `ROWS_PER_TRIP` of their scaled
-rows per trip of a loop, ``ceil(f K / ROWS_PER_TRIP)`` trips: each row is a
-``dynamic_slice`` of ``w``, so the trip is one elementwise fusion that
-streams its rows from memory once. A gather of the rows followed by a
-product (this kernel's earlier form, in chunks of 4 MiB) ran XLA:CPU's
-gather at about a third of the dense product's bandwidth, and lost to the
-dense product from about 40 % of the rows.
+matrix on every frame, at memory speed. When only a fraction ``f`` of its
+inputs changed, the product moves by the changed rows only (DeltaCNN's update
+for linear layers). On CPU the kernel lists the changed inputs
+(`dcjax._compact.compact`) and adds `ROWS_PER_TRIP` of their scaled rows per
+trip of a loop, ``ceil(f K / ROWS_PER_TRIP)`` trips: each row is a
+``dynamic_slice`` of ``w``, so the trip is one elementwise fusion that streams
+its rows from memory once; a gather of the rows followed by a product ran
+XLA:CPU's gather at a fraction of the dense product's bandwidth
+(docs/performance-notes.md, "Delta matvec: 32 changed rows a trip of dynamic
+slices (ROWS_PER_TRIP)"). The update breaks even with the dense product at
+60-80 % of the rows, hence `dcjax.transforms.refine.DENSE_FRACTION` (75 %;
+docs/performance-notes.md, "The delta update breaks even at 60-80 % of the
+rows (refinement's 75 %)").
 
-Measured on ``fc6``'s shape (9216 x 4096, random rows, medians of 30 jitted
-calls, one process, `python` of the two forms side by side), in ms:
-
-=========  =======  ============  ============  =============
-changed    dense    gather + dot  8 rows/trip   32 rows/trip
-=========  =======  ============  ============  =============
-10 %       5.1-6.6  1.6-2.2       1.0-1.1       0.8-1.0
-40 %       5.1-6.6  5.5-6.2       3.5-3.7       2.3-3.1
-60 %       5.1-6.6  9.2-10        6.3-6.7       3.5-4.4
-=========  =======  ============  ============  =============
-
-(16 rows a trip ran between 8 and 32; 64 level with 32, 128 slower; two
-loops over halves of the rows no faster.) ``python -m
-dcjax.kernels.matvec_bench`` times the kernel against the dense product on
-the zoo's shapes; in one run the update broke even at 60-80 % of the rows
-(fc6 1.13x faster at 60 %, 1.08x at 80 %; YOLO-tiny's 12544 x 1470 0.85x at
-80 %), hence `dcjax.transforms.refine.DENSE_FRACTION` (75 %). On ``fc7``'s 4096 x 4096: dense
-1.8, 40 % 1.25-1.3 (gather + dot 2.3-2.6). On GPU and TPU
-(`dcjax._loops.skipping_pays` false) a loop with a dynamic trip count stalls
-the stream, so the kernel is the reference form there: one dense product of
-the masked differences, at the device's bandwidth.
+On GPU and TPU (`dcjax._loops.skipping_pays` false) a loop with a dynamic trip
+count stalls the stream, so the kernel is the reference form there: one dense
+product of the masked differences, at the device's bandwidth.
 """
 
 from __future__ import annotations
@@ -53,7 +37,8 @@ from dcjax._loops import skipping_pays
 
 __all__ = ["ROWS_PER_TRIP", "delta_matvec", "reference_delta_matvec"]
 
-#: Rows of ``w`` added per trip of the CPU loop.
+#: Rows of ``w`` added per trip of the CPU loop (docs/performance-notes.md,
+#: "Delta matvec: 32 changed rows a trip of dynamic slices (ROWS_PER_TRIP)").
 ROWS_PER_TRIP = 32
 
 

@@ -38,7 +38,8 @@ Pallas lowers GPU kernels to Mosaic GPU unless told otherwise: the call passes
 Triton IR needs no GPU, so the tests lower every layer geometry of the zoo on
 CPU; the compiled kernel was checked against the dense convolution on an H100
 (the kernel tests and the transform's invariants with every kernel, compiled
-there) and timed with ``python -m dcjax.kernels.bench`` (`dcjax.kernels.auto`).
+there) and timed against the other kernels (docs/performance-notes.md, "GPU: the
+Pallas kernel for every layer class").
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 from dcjax.kernels import tiles as _tiles
+from dcjax.kernels.geometry import ConvGeometry, Epilogue
 
 #: Tile used when none is given: 8 x 8 output pixels (see the module docstring).
 DEFAULT_TILE = (8, 8)
@@ -82,15 +84,14 @@ def _round_tile(tile: tuple[int, int]) -> tuple[int, int]:
 def tile_plan(
     x_shape: Sequence[int],
     w_shape: Sequence[int],
+    geometry: ConvGeometry,
     *,
     tile: tuple[int, int] | None = None,
-    **conv,
 ) -> _tiles.TilePlan:
     """The `TilePlan` this kernel computes with: ``tile`` (default 8 x 8) rounded
-    up to powers of two with at least 16 pixels, then clipped to the output.
-    ``conv`` are `dcjax.kernels.tiles.plan`'s convolution keywords."""
+    up to powers of two with at least 16 pixels, then clipped to the output."""
     return _tiles.plan(
-        x_shape, w_shape, tile=_round_tile(DEFAULT_TILE if tile is None else tile), **conv
+        x_shape, w_shape, geometry, tile=_round_tile(DEFAULT_TILE if tile is None else tile)
     )
 
 
@@ -259,20 +260,17 @@ def pallas_gpu_masked_conv(
     w: jax.Array,
     reuse_mask: jax.Array,
     cached: jax.Array,
+    geometry: ConvGeometry,
     *,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]] | str,
-    dilation: Sequence[int] = (1, 1),
-    groups: int = 1,
     tile: tuple[int, int] | None = None,
     interpret: bool = False,
-    epilogue=None,
+    epilogue: Epilogue | None = None,
 ) -> jax.Array:
     """Masked convolution as a Pallas GPU (Triton) kernel (see the module docstring).
 
     Args:
-        x, w, reuse_mask, cached, strides, padding, dilation, groups, epilogue: as
-            in `dcjax.kernels.masked_conv`; the epilogue runs inside the kernel on
+        x, w, reuse_mask, cached, geometry, epilogue: as in
+            `dcjax.kernels.masked_conv`; the epilogue runs inside the kernel on
             the tiles it computes.
         tile: (th, tw) output tile, rounded up to powers of two (`tile_plan`).
         interpret: run the kernel with the Pallas interpreter (any backend).
@@ -283,13 +281,12 @@ def pallas_gpu_masked_conv(
     Raises:
         ValueError: a depthwise layer with a channel multiplier (see `supports`).
     """
-    kw = dict(strides=strides, padding=padding, dilation=dilation, groups=groups)
-    if not supports(w.shape, groups):
+    if not supports(w.shape, geometry.groups):
         raise ValueError(
             "dcjax: the Pallas GPU kernel does not compute depthwise convolutions with a "
             "channel multiplier; use impl='xla'"
         )
-    p = tile_plan(x.shape, w.shape, tile=tile, **kw)
+    p = tile_plan(x.shape, w.shape, geometry, tile=tile)
     b = _blocks(p)
     out_dtype = jnp.result_type(x.dtype, w.dtype)
     # Rows and columns past the output are computed (and masked at the store):

@@ -22,7 +22,7 @@ Tested in interpret mode (`pltpu.InterpretParams`) only: no TPU was available.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from dcjax.kernels import tiles as _tiles
+from dcjax.kernels.geometry import ConvGeometry
 
 #: Tile used when none is given: 8 x 8 output pixels (see the module docstring).
 DEFAULT_TILE = (8, 8)
@@ -117,33 +118,21 @@ def pallas_tpu_masked_conv(
     w: jax.Array,
     reuse_mask: jax.Array,
     cached: jax.Array,
+    geometry: ConvGeometry,
     *,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]] | str,
-    dilation: Sequence[int] = (1, 1),
-    groups: int = 1,
     tile: tuple[int, int] | None = None,
     interpret: bool = False,
 ) -> jax.Array:
     """Masked convolution as a Pallas TPU kernel (see the module docstring).
 
     Args:
-        x, w, reuse_mask, cached, strides, padding, dilation, groups, tile: as in
-            `dcjax.kernels.masked_conv`.
+        x, w, reuse_mask, cached, geometry, tile: as in `dcjax.kernels.masked_conv`.
         interpret: run with the TPU interpreter (`pltpu.InterpretParams`) on any backend.
 
     Returns:
         (N, Ho, Wo, Cout) output.
     """
-    p = _tiles.plan(
-        x.shape,
-        w.shape,
-        strides=strides,
-        padding=padding,
-        dilation=dilation,
-        groups=groups,
-        tile=DEFAULT_TILE if tile is None else tile,
-    )
+    p = _tiles.plan(x.shape, w.shape, geometry, tile=DEFAULT_TILE if tile is None else tile)
     out_dtype = jnp.result_type(x.dtype, w.dtype)
     hp, wp = p.nty * p.th, p.ntx * p.tw
     xp = _tiles.pad_input(x, p, whole_tiles=True)

@@ -6,35 +6,27 @@ the fast path.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from dcjax.kernels.geometry import ConvGeometry
 
 __all__ = ["DIMENSION_NUMBERS", "conv", "reference_masked_conv"]
 
 DIMENSION_NUMBERS = ("NHWC", "HWIO", "NHWC")
 
 
-def conv(
-    x: jax.Array,
-    w: jax.Array,
-    *,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]] | str,
-    dilation: Sequence[int] = (1, 1),
-    groups: int = 1,
-) -> jax.Array:
+def conv(x: jax.Array, w: jax.Array, geometry: ConvGeometry) -> jax.Array:
     """Dense NHWC/HWIO convolution, as `lax.conv_general_dilated` computes it."""
     return lax.conv_general_dilated(
         x,
         w,
-        window_strides=tuple(strides),
-        padding=padding if isinstance(padding, str) else tuple(map(tuple, padding)),
-        rhs_dilation=tuple(dilation),
+        window_strides=geometry.strides,
+        padding=geometry.padding,
+        rhs_dilation=geometry.dilation,
         dimension_numbers=DIMENSION_NUMBERS,
-        feature_group_count=groups,
+        feature_group_count=geometry.groups,
     )
 
 
@@ -43,12 +35,8 @@ def reference_masked_conv(
     w: jax.Array,
     reuse_mask: jax.Array,
     cached: jax.Array,
-    *,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]] | str,
-    dilation: Sequence[int] = (1, 1),
-    groups: int = 1,
+    geometry: ConvGeometry,
 ) -> jax.Array:
     """Dense convolution, then ``where(reuse_mask, cached, dense)``."""
-    dense = conv(x, w, strides=strides, padding=padding, dilation=dilation, groups=groups)
+    dense = conv(x, w, geometry)
     return jnp.where(reuse_mask[..., None], cached.astype(dense.dtype), dense)

@@ -26,32 +26,17 @@ Why a second sparse kernel next to the tile kernel (`dcjax.kernels.xla`): at
 pixel granularity no reusable pixel of a partly dirty tile is recomputed (a
 pointwise convolution has no halo that would force tiles), and XLA:CPU runs
 the row matmul at its dense-matmul speed once the matrix has enough rows.
-
-Why halving steps and not a loop over fixed chunks: XLA:CPU's matrix product
-runs small row counts at a fraction of its speed (2304x256 weights: 32 rows at
-~80 GFLOP/s, 128 and more at ~190 on the 2-core development CPU), so a loop of
-32-row chunks ran ResNet-50's 3x3 layers at half the dense speed, and a loop of
-128-row chunks padded small counts by up to 127 rows. With the halving steps
-and per-tap row gathers (`_patches`), measured against the former 32-row loop
-on scattered masks (cache donated, medians of 25 interleaved calls, dense
-fallback off): ResNet-50's 3x3 layers at 50 % dirty pixels 3.2 -> 1.9 ms
-(56x56x64), 3.2 -> 1.4 (28x28), 2.2 -> 1.2 (14x14), where dense took 2.7,
-2.6, 1.5 ms; at 90 % 5.3 -> 2.6 ms on 56x56 (dense 2.5). So the row kernel now
-breaks even with dense at 60-70 % dirty pixels for 3x3 kernels as for 1x1
-(`DENSE_FRACTION`), and with blob masks (``python -m dcjax.kernels.bench
---impls xla,rows``) it beats the tile kernel on ResNet-50's 3x3 layers on
-28x28 to 7x7 maps (at 25 % dirty: 2.0-3.0x against 0.8-2.1x faster than
-dense) and matches it on 56x56.
+Halving steps rather than a loop of fixed chunks, because XLA:CPU runs small
+row counts at a fraction of that speed while fixed long chunks pad small counts
+(docs/performance-notes.md, "A row kernel beside the tile kernel, in halving
+steps, dense above 60 %").
 
 Groups: ungrouped convolutions, and up to `MAX_GROUPS` feature groups of at
 least `TAP_ROWS_MIN_CIN` input channels each (`computes_groups`): each group
 gathers its patches from its own channels of the padded input and multiplies
-them by its own weights, and the groups' rows are written side by side.
-AlexNet's conv2 (5x5, two groups of 48 channels, 27x27x256) with blob masks
-(``python -m dcjax.kernels.bench --layers alexnet_conv2 --impls xla,rows``,
-medians of 20 interleaved runs): 3.83x, 2.77x and 1.63x faster than dense at
-10, 25 and 50 % dirty pixels, where the tile kernel gave 2.28x, 1.74x and
-1.39x; at 100 % both equal dense. Depthwise and other many-group convolutions
+them by its own weights, and the groups' rows are written side by side
+(docs/performance-notes.md, "The row kernel computes a few wide groups
+(MAX_GROUPS, TAP_ROWS_MIN_CIN)"). Depthwise and other many-group convolutions
 have rows too short to gather and go through the tile kernel. Batched streams
 are pooled into one list like the tile kernel
 (`dcjax.kernels.xla.pooled_over_streams`).
@@ -61,8 +46,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +54,7 @@ from jax import lax
 from dcjax._compact import compact
 from dcjax._loops import halving_schedule, halving_sizes
 from dcjax.kernels import tiles as _tiles
+from dcjax.kernels.geometry import ConvGeometry, Epilogue
 from dcjax.kernels.xla import (
     apply_epilogue,
     dense_conv,
@@ -78,9 +62,6 @@ from dcjax.kernels.xla import (
     pooled_over_streams,
     sparse_or_dense,
 )
-
-if TYPE_CHECKING:
-    from dcjax.kernels.masked import Epilogue
 
 __all__ = [
     "DEFAULT_CHUNK",
@@ -93,8 +74,9 @@ __all__ = [
 ]
 
 #: Dirty-pixel fraction above which the dense convolution runs, for pointwise
-#: (1x1) and spatial kernels: where the row kernel stops beating dense in the
-#: sweeps quoted in the module docstring.
+#: (1x1) and spatial kernels: where the row kernel stops beating dense
+#: (docs/performance-notes.md, "A row kernel beside the tile kernel, in halving
+#: steps, dense above 60 %").
 DENSE_FRACTION: dict[str, float] = {"pointwise": 0.6, "spatial": 0.6}
 
 
@@ -198,18 +180,17 @@ def _patches(x: jax.Array, b: jax.Array, oy: jax.Array, ox: jax.Array, p: _tiles
     """(rows, kh * kw * Cin): the receptive fields of output pixels (b, oy, ox), HWI order.
 
     Where `_tap_rows`, ``x`` is the input itself, seen as (N * H * W, Cin)
-    pixels, and each kernel tap is one row gather, the taps concatenated: 2-4x
-    faster on XLA:CPU than one gather of (kh, kw, Cin) windows (ResNet-50's
-    3x3 layers, 98-1024 rows). A tap that can fall in the padding clamps its
-    index and zeroes the rows outside the map, so the input is not padded (a
-    copy of the whole map once a frame, 0.09-0.28 ms on 56x56x64 to
-    224x224x16 maps; the gathers with the clamp and select took 0.27-0.87 ms
-    against 0.25-1.0 for the padded gathers alone). Otherwise ``x`` is the
-    input padded by `tiles.pad_input`: with fewer channels a tap's row is too
-    short, so each kernel row's ``kw * Cin`` contiguous values are gathered at
-    once from the padded input seen as (N * Hp, Wp * Cin) rows (`_segments`);
-    only a horizontally dilated kernel, whose kernel rows are not contiguous,
-    gathers (kh, kw, Cin) windows.
+    pixels, and each kernel tap is one row gather, the taps concatenated
+    (faster on XLA:CPU than one gather of (kh, kw, Cin) windows). A tap that
+    can fall in the padding clamps its index and zeroes the rows outside the
+    map, so the input is not padded (padding would copy the whole map once a
+    frame). See docs/performance-notes.md, "Per-tap row gathers for 16 or more
+    channels (_patches)" and "Tap gathers read the unpadded input, clamped
+    (_patches)". Otherwise ``x`` is the input padded by `tiles.pad_input`:
+    with fewer channels a tap's row is too short, so each kernel row's ``kw *
+    Cin`` contiguous values are gathered at once from the padded input seen as
+    (N * Hp, Wp * Cin) rows (`_segments`); only a horizontally dilated kernel,
+    whose kernel rows are not contiguous, gathers (kh, kw, Cin) windows.
     """
     sy, sx = p.strides
     dy, dx = p.dilation
@@ -261,14 +242,10 @@ def _tap_index(o: jax.Array, stride: int, offset: int, n_out: int, size: int):
 
 def _segments(xp: jax.Array, b: jax.Array, oy: jax.Array, ox: jax.Array, p: _tiles.TilePlan):
     """`_patches` for few channels and no horizontal dilation: per kernel row, one
-    gather of a ``kw * Cin`` slice of a (N * Hp, Wp * Cin) row of the padded input.
-
-    Measured against the (kh, kw, Cin) window gather in the row kernel on RGB
-    stems (``python -m dcjax.kernels.bench --layers
-    resnet50_stem,alexnet_conv1 --impls rows``, medians of 30 interleaved calls
-    on the 2-core development CPU): ResNet-50's 7x7/2 at 10, 20 and 30 % dirty
-    pixels 0.76 -> 0.71, 1.24 -> 1.01, 1.69 -> 1.33 ms; AlexNet's 11x11/4 0.55
-    -> 0.48, 0.91 -> 0.74, 1.25 -> 0.98 ms.
+    gather of a ``kw * Cin`` slice of a (N * Hp, Wp * Cin) row of the padded input
+    (faster than a (kh, kw, Cin) window gather on RGB stems:
+    docs/performance-notes.md, "Kernel-row segment gathers for few channels
+    (_segments)").
     """
     sy, sx = p.strides
     dy = p.dilation[0]
@@ -359,11 +336,8 @@ def rows_masked_conv(
     w: jax.Array,
     reuse_mask: jax.Array,
     cached: jax.Array,
+    geometry: ConvGeometry,
     *,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]] | str,
-    dilation: Sequence[int] = (1, 1),
-    groups: int = 1,
     chunk: int | None = None,
     dense_fraction: float | None = None,
     epilogue: Epilogue | None = None,
@@ -371,9 +345,9 @@ def rows_masked_conv(
     """Sparse masked convolution at pixel granularity (see the module docstring).
 
     Args:
-        x, w, reuse_mask, cached, strides, padding, dilation, epilogue: as in
-            `dcjax.kernels.masked_conv`.
-        groups: 1, or a few groups of enough channels (`computes_groups`).
+        x, w, reuse_mask, cached, epilogue: as in `dcjax.kernels.masked_conv`.
+        geometry: as in `dcjax.kernels.masked_conv`; its ``groups`` 1, or a few
+            groups of enough channels (`computes_groups`).
         chunk: output pixels per loop step (default: `row_plan`'s rule).
         dense_fraction: dirty-pixel fraction above which the dense path runs
             (default: `DENSE_FRACTION` of the kernel's class).
@@ -384,24 +358,18 @@ def rows_masked_conv(
     Raises:
         ValueError: groups the kernel does not compute (`computes_groups`).
     """
+    groups = geometry.groups
     if groups != 1 and not computes_groups(x.shape[-1], groups):
         raise ValueError(
             f"dcjax: the rows kernel computes ungrouped convolutions and up to {MAX_GROUPS} "
             f"groups of at least {TAP_ROWS_MIN_CIN} input channels (groups={groups}, "
             f"{x.shape[-1]} channels); use impl='xla' for depthwise and many-group convolutions"
         )
-    strides, dilation = tuple(strides), tuple(dilation)
-    pad_arg = padding if isinstance(padding, str) else tuple(map(tuple, padding))
-
     fn, epi_ops = epilogue_parts(epilogue)
 
     def unbatched(x, w, reuse_mask, cached, epi_ops):
-        p = _tiles.plan(
-            x.shape, w.shape, strides=strides, padding=pad_arg, dilation=dilation, groups=groups
-        )
+        p = _tiles.plan(x.shape, w.shape, geometry)
         rp = row_plan(p, chunk=chunk, dense_fraction=dense_fraction)
         return _rows_unbatched(x, w, reuse_mask, cached, epi_ops, rp, fn)
 
-    return pooled_over_streams(unbatched, strides, pad_arg, dilation, groups, fn)(
-        x, w, reuse_mask, cached, epi_ops
-    )
+    return pooled_over_streams(unbatched, geometry, fn)(x, w, reuse_mask, cached, epi_ops)

@@ -30,14 +30,12 @@ fraction of the dense work that is done.
 
 Tile-size rule (`default_tile`): per axis, side ``clip(round(side / 14), 4,
 16)``, then evened out so the last tile is nearly full: 4 x 4 output pixels
-for maps up to ~63 pixels (every ResNet/MobileNet stage from 56x56 down,
-AlexNet's 55x55 and 27x27), growing to 8 at 112 and 16 at 224 so the tile
-list stays short. Measured on CPU (``python -m dcjax.kernels.bench --tiles``):
-with blob-shaped masks the dirty-tile fraction grows quickly with the tile
-side (at 25 % dirty pixels: ~29 % of 4x4 tiles, ~38 % of 7x7, 50 % of 14x14)
-while the batched convolution's per-pixel cost hardly changes between 2 and 8,
-so 4 was fastest or within noise of it on every layer at 10 % and 25 %.
-Pass ``tile=`` to override.
+for maps up to ~63 pixels, growing to 8 at 112 and 16 at 224 so the tile list
+stays short. Small tiles keep the dirty-tile fraction of blob-shaped masks
+close to the dirty-pixel fraction, and the batched convolution's per-pixel
+cost hardly depends on the tile side (docs/performance-notes.md, "Tile size:
+4x4 output pixels up to ~63-pixel maps (default_tile)"). Pass ``tile=`` to
+override.
 """
 
 from __future__ import annotations
@@ -52,6 +50,7 @@ from jax import lax
 
 from dcjax._compact import compact
 from dcjax._loops import halving_schedule, halving_sizes
+from dcjax.kernels.geometry import ConvGeometry
 
 __all__ = [
     "TilePlan",
@@ -82,9 +81,9 @@ class TilePlan:
         h, w: input spatial size.
         cin, cout: input and output channels.
         kh, kw: kernel size.
-        strides, dilation: as in the convolution.
+        geometry: the convolution's `ConvGeometry` (its ``strides``,
+            ``dilation`` and ``groups`` are properties of the plan too).
         pads: explicit ((lo, hi), (lo, hi)) padding of the convolution.
-        groups: feature groups.
         ho, wo: output spatial size.
         th, tw: tile size in output pixels.
         nty, ntx: number of tiles along H and W per image.
@@ -100,10 +99,8 @@ class TilePlan:
     cout: int
     kh: int
     kw: int
-    strides: tuple[int, int]
-    dilation: tuple[int, int]
+    geometry: ConvGeometry
     pads: tuple[tuple[int, int], tuple[int, int]]
-    groups: int
     ho: int
     wo: int
     th: int
@@ -114,6 +111,21 @@ class TilePlan:
     win_w: int
     chunk: int
     dense_fraction: float
+
+    @property
+    def strides(self) -> tuple[int, int]:
+        """(sy, sx) window strides."""
+        return self.geometry.strides  # type: ignore[return-value]
+
+    @property
+    def dilation(self) -> tuple[int, int]:
+        """(dy, dx) kernel dilation."""
+        return self.geometry.dilation  # type: ignore[return-value]
+
+    @property
+    def groups(self) -> int:
+        """Feature groups."""
+        return self.geometry.groups
 
     @property
     def num_tiles(self) -> int:
@@ -176,21 +188,18 @@ def default_tile(ho: int, wo: int, kh: int = 1, kw: int = 1) -> tuple[int, int]:
 def plan(
     x_shape: Sequence[int],
     w_shape: Sequence[int],
+    geometry: ConvGeometry,
     *,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]] | str,
-    dilation: Sequence[int] = (1, 1),
-    groups: int = 1,
     tile: tuple[int, int] | None = None,
     chunk_fraction: float = DEFAULT_CHUNK_FRACTION,
     dense_fraction: float = DEFAULT_DENSE_FRACTION,
 ) -> TilePlan:
-    """Build the static `TilePlan` of a convolution from shapes and params.
+    """Build the static `TilePlan` of a convolution from shapes and its geometry.
 
     Args:
         x_shape: (N, H, W, Cin).
         w_shape: (kh, kw, Cin / groups, Cout).
-        strides, padding, dilation, groups: as in `masked_conv`.
+        geometry: the convolution's strides, padding, dilation and groups.
         tile: (th, tw) output tile; `default_tile` when None. Clipped to the output.
         chunk_fraction: tiles per chunk as a fraction of all tiles (at least 1).
         dense_fraction: dirty fraction above which the dense branch runs.
@@ -200,14 +209,15 @@ def plan(
     """
     n, h, w, cin = map(int, x_shape)
     kh, kw, cig, cout = map(int, w_shape)
-    sy, sx = map(int, strides)
-    dy, dx = map(int, dilation)
+    sy, sx = geometry.strides
+    dy, dx = geometry.dilation
+    groups = geometry.groups
     if cig * groups != cin:
         raise ValueError(
             f"dcjax: masked_conv weights have {cig} input channels per group and groups={groups}, "
             f"but x has {cin} channels; pass w of shape (kh, kw, Cin / groups, Cout)"
         )
-    pads = normalize_padding(padding, (h, w), (kh, kw), (sy, sx), (dy, dx))
+    pads = normalize_padding(geometry.padding, (h, w), (kh, kw), (sy, sx), (dy, dx))
     eky, ekx = (kh - 1) * dy + 1, (kw - 1) * dx + 1
     ho = (h + pads[0][0] + pads[0][1] - eky) // sy + 1
     wo = (w + pads[1][0] + pads[1][1] - ekx) // sx + 1
@@ -225,10 +235,8 @@ def plan(
         cout=cout,
         kh=kh,
         kw=kw,
-        strides=(sy, sx),
-        dilation=(dy, dx),
+        geometry=geometry,
         pads=pads,
-        groups=int(groups),
         ho=ho,
         wo=wo,
         th=th,
@@ -334,7 +342,8 @@ def dirty_fraction(
     if p is None:
         th, tw = tile if tile is not None else default_tile(ho, wo)
         th, tw = min(th, ho), min(tw, wo)
-        p = plan((n, ho, wo, 1), (1, 1, 1, 1), strides=(1, 1), padding="VALID", tile=(th, tw))
+        valid = ConvGeometry(strides=(1, 1), padding="VALID")
+        p = plan((n, ho, wo, 1), (1, 1, 1, 1), valid, tile=(th, tw))
     d = tile_dirty(reuse_mask, p)
     return d.sum().astype(jnp.float32) / d.size
 

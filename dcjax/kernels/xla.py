@@ -35,8 +35,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -44,10 +43,8 @@ from jax import lax
 
 from dcjax._loops import pinned, run_if
 from dcjax.kernels import tiles as _tiles
+from dcjax.kernels.geometry import ConvGeometry, Epilogue
 from dcjax.kernels.reference import DIMENSION_NUMBERS, conv
-
-if TYPE_CHECKING:
-    from dcjax.kernels.masked import Epilogue
 
 __all__ = [
     "apply_epilogue",
@@ -117,13 +114,11 @@ def scatter_tiles(out: jax.Array, origins: jax.Array, values: jax.Array) -> jax.
 def group_weights(w: jax.Array, p: _tiles.TilePlan, fast: bool) -> jax.Array | tuple:
     """``w``, or its per-group slices where `valid_conv` convolves group by group.
 
-    The tile kernel slices once per frame, in a loop that runs only when its
-    sparse path does (`sparse_or_dense`'s ``prepare``): sliced inside the
-    sparse loop, whose operands are pinned to the step, AlexNet conv2's
-    weights were copied on every step (AlexNet on vtest: 19.2 against 17.3 ms
-    a frame); sliced in a loop of its own whose result the sparse loop read,
-    the slices needed a zero-filled initial value, and XLA:CPU filled and
-    copied 3.6 MB of zeros a frame for AlexNet's three grouped layers.
+    The tile kernel calls it in `sparse_or_dense`'s ``prepare``, once a frame
+    and only when the sparse path runs: sliced inside the sparse loop the
+    weights were copied on every step, and sliced in a loop of their own they
+    needed a zero-filled placeholder (docs/performance-notes.md, "Grouped
+    weights are sliced once a frame, around the sparse loop (group_weights)").
     """
     g, cig = p.groups, w.shape[2]
     if not (fast and g > 1 and cig > 1):
@@ -222,25 +217,13 @@ def _per_group(x: jax.Array, ws: tuple, p: _tiles.TilePlan) -> jax.Array:
 
 
 def dot_pays(p: _tiles.TilePlan) -> bool:
-    """Whether XLA:CPU runs ungrouped convolution ``p`` faster as `conv_as_dot`.
+    """Whether XLA:CPU runs ungrouped convolution ``p`` faster as `conv_as_dot`:
+    every 1x1 convolution, and those on maps of at most 64 output pixels with
+    at least 128 input channels.
 
-    XLA:CPU's convolution (jaxlib 0.10.2, YNNPACK) is slow where the weight
-    matrix is large against the map: 1x1 convolutions (plain matrix products,
-    which it runs on one thread where the product uses two) and convolutions
-    on maps of 8x8 pixels or fewer with many input channels. Every ungrouped
-    1x1 convolution goes through the product: on the 2-core AMD EPYC (Zen 4)
-    development machine the no-cache step over vtest, interleaved A/B in one
-    process (25-40 frames), went from 10.2-10.3 to 8.6-8.9 ms a frame on
-    EfficientNet-Lite0 (the narrow projections and expansions, ``Cin * Cout``
-    from 512 to 2**14, that an earlier rule left to the convolution),
-    58.7 -> 54.2 on ResNet-50 and 24.0 -> 23.3 on GoogLeNet; each layer alone,
-    medians of 100 calls, 1.1-2.0x faster on two cores (112x112, 16 -> 96:
-    0.47 -> 0.26 ms; 56x56, 256 -> 64: 1.12 -> 0.54) and 1.07-1.25x on one.
-    Earlier per-layer measurements: ResNet-50's 3x3 layers on 7x7 maps
-    1.9-2.2x faster as a product, YOLO-tiny's last two 3x3 layers 1.8-2.0x,
-    while kernels larger than 1x1 on maps of 14x14 or more (0.5-1.5x, mostly
-    slower: im2col copies each input pixel ``kh * kw`` times) and on few input
-    channels (GoogLeNet's 5x5 on 32 channels, 0.67x) stay convolutions.
+    XLA:CPU's convolution (YNNPACK) is slow where the weight matrix is large
+    against the map (docs/performance-notes.md, "Ungrouped 1x1 convolutions and
+    small maps as a matrix product on CPU (dot_pays)").
     """
     if p.groups != 1:
         return False
@@ -253,27 +236,20 @@ def rgb_pays(p: _tiles.TilePlan) -> bool:
     """Whether XLA:CPU runs ungrouped convolution ``p`` faster with a fourth,
     zero input channel (`_rgb_padded`): 3 input channels and 17-32 outputs.
 
-    XLA:CPU's convolution (jaxlib 0.10.2, YNNPACK) takes a slow path for
-    3-channel inputs, the first layer of most CNNs, with 17 to 32 output
-    channels. Measured on the 2-core AMD EPYC (Zen 4) development machine,
-    medians of 20 calls: a 3x3/2 convolution of a 224x224 RGB image ran
-    0.50 ms with 8-16 outputs, 2.6 ms with 20-24, 1.0-1.3 ms with 28-32 and
-    0.40 ms with 40-48; with the input padded to 4 channels the 20-32 output
-    cases took 0.36-0.54 ms (2.4-7.2x faster) and the others 0.67-0.91x;
-    padding inputs of 1, 2, 4, 5, 6 or 8 channels to a multiple of 4 lost in
-    all but one case (0.11-0.81x). EfficientNet-Lite0's and
-    MobileNetV2's stems (3 -> 32, 3x3/2): 1.0 -> 0.43 ms; PilotNet's first
-    layer (3 -> 24, 5x5/2 on 66x200): 1.8 -> 0.28 ms; the tile kernel's batch of
-    40 17x17 windows of EfficientNet's stem: 0.36 -> 0.15 ms.
+    XLA:CPU's convolution (YNNPACK) takes a slow path for 3-channel inputs with
+    17 to 32 output channels (docs/performance-notes.md, "RGB inputs with 17-32
+    outputs get a zero fourth channel on CPU (rgb_pays)").
     """
     return p.groups == 1 and p.cin == 3 and 16 < p.cout <= 32
 
 
 #: Most multiply-adds per output value (``kh * kw * Cin``) of a convolution
-#: that `taps_pays` computes as a sum of taps.
+#: that `taps_pays` computes as a sum of taps (3x3 on RGB).
 TAPS_MAX_TERMS = 27
 
-#: Most output channels of a convolution that `taps_pays` computes as a sum of taps.
+#: Most output channels of a convolution that `taps_pays` computes as a sum of
+#: taps (docs/performance-notes.md, "3x3 RGB convolutions to at most 16 outputs
+#: as a sum of taps on CPU (taps_pays)").
 TAPS_MAX_COUT = 16
 
 
@@ -281,21 +257,13 @@ def taps_pays(p: _tiles.TilePlan) -> bool:
     """Whether XLA:CPU runs ungrouped convolution ``p`` faster as a fused sum
     of ``kh * kw * Cin`` elementwise terms (`valid_conv`'s tap path, summed in
     float32 at least): a kernel larger than 1x1 on at most `TAPS_MAX_TERMS`
-    input values per output (3x3 on RGB, the case measured below; also 5x5 on
-    one channel or 3x3 on two, not timed) with at most `TAPS_MAX_COUT`
-    output channels.
+    input values per output (3x3 on RGB; also 5x5 on one channel or 3x3 on
+    two) with at most `TAPS_MAX_COUT` output channels.
 
-    XLA:CPU's convolution (jaxlib 0.10.2, YNNPACK) is slow on RGB inputs with
-    few output channels: on the 2-core Intel Xeon (AVX-512) of a later
-    session, YOLO-tiny's stem (3x3, 3 -> 16 at 448x448) took 8.8-11 ms
-    (medians of 15-25 calls, ~35 GFLOP/s), 2.9-3.9 ms as a sum of taps. A
-    sweep of 3x3 RGB convolutions (``/`` = sum of taps against the faster of
-    the convolution and `rgb_pays`' padded one, medians of 15 interleaved
-    calls): 8 and 16 outputs 0.22-0.29 at stride 1 on 112x112 to 448x448 maps
-    and 0.39-0.71 at stride 2 on 224x224; 24 outputs 0.61-1.34, 32 0.93-1.73,
-    48-64 0.67-1.52. So 16 outputs is the cut. Larger kernels lose (PilotNet's
-    5x5 stem, 75 terms, 1.25x slower; ResNet-50's 7x7 5x; AlexNet's 11x11
-    20x), and 1x1 convolutions are matrix products (`dot_pays`).
+    XLA:CPU's convolution (YNNPACK) is slow on RGB inputs with few output
+    channels; larger kernels lose as a sum of taps, and 1x1 convolutions are
+    matrix products (`dot_pays`). See docs/performance-notes.md, "3x3 RGB
+    convolutions to at most 16 outputs as a sum of taps on CPU (taps_pays)".
     """
     return (
         p.groups == 1
@@ -370,19 +338,15 @@ def sparse_or_dense(cached, units, sizes, step, use_dense, dense, operands, prep
     took; then, if ``use_dense``, ``out = dense(*operands)``. Every step and
     the dense path are `lax.fori_loop` with a dynamic trip count of zero or
     one, because on XLA:CPU a conditional copies the operand a branch passes
-    through into its result buffer: a `lax.cond` between the sparse and the
-    dense path copied the cache of every layer on every frame, 0.12 ms a layer
-    and ~6 ms a frame on ResNet-50, even with nothing to compute. Loop carries
-    keep their buffer, so the cache is updated in place.
+    through into its result buffer (the whole cache, on every frame), while
+    loop carries keep their buffer, so the cache is updated in place
+    (docs/performance-notes.md, "No lax.cond between the sparse and the dense
+    path (sparse_or_dense)").
 
-    Why halving steps and not a loop over fixed chunks: on XLA:CPU one big
-    batched convolution or matrix product runs faster than several small ones
-    (see `dcjax.kernels.rows`), and the steps pad less than one smallest step.
-    Measured on the tile kernel against its former loop of ``chunk``-tile
-    steps (blob masks, medians of 25 interleaved calls, cache donated): AlexNet
-    conv2 at 25 % and 50 % dirty pixels 2.43 -> 1.86 and 3.19 -> 2.36 ms (dense
-    3.3), MobileNetV2's depthwise 3x3/2 on 112x112 at 50 % 1.13 -> 0.40 ms
-    (dense 0.37), EfficientNet-Lite0's stem at 50 % 1.15 -> 0.73 ms.
+    Halving steps rather than a loop over fixed chunks: on XLA:CPU one big
+    batched convolution or matrix product runs faster than several small ones,
+    and the steps pad less than one smallest step (docs/performance-notes.md,
+    "Halving steps instead of a loop of fixed chunks (tile kernel)").
 
     Inside the loops the operands go through an optimization barrier tied to
     the loop counter: XLA hoists loop-invariant work out of loops, and the
@@ -393,11 +357,9 @@ def sparse_or_dense(cached, units, sizes, step, use_dense, dense, operands, prep
     list of dirty pixels or tiles, the padded input, slices of the weights);
     it runs once, before the first step, in a loop of zero or one trip around
     the steps, so it costs nothing on a frame with no step to run (nothing
-    dirty, or the dense path) and is not repeated for each step. Listing the
-    dirty pixels there rather than before the loops took the row kernel's cost
-    with nothing dirty from 0.14 to 0.08 ms a call on EfficientNet-Lite0's
-    112x112 expansion (16 to 96 channels; medians of 200 calls, cache
-    donated).
+    dirty, or the dense path) and is not repeated for each step
+    (docs/performance-notes.md, "The dirty list is built once a frame inside
+    the sparse path (prepare)").
     """
 
     operands = tuple(operands)
@@ -483,11 +445,8 @@ def xla_masked_conv(
     w: jax.Array,
     reuse_mask: jax.Array,
     cached: jax.Array,
+    geometry: ConvGeometry,
     *,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]] | str,
-    dilation: Sequence[int] = (1, 1),
-    groups: int = 1,
     tile: tuple[int, int] | None = None,
     p: _tiles.TilePlan | None = None,
     epilogue: Epilogue | None = None,
@@ -495,8 +454,8 @@ def xla_masked_conv(
     """Sparse masked convolution by tile gather, batched conv and scatter.
 
     Args:
-        x, w, reuse_mask, cached, strides, padding, dilation, groups, tile,
-            epilogue: as in `dcjax.kernels.masked_conv`.
+        x, w, reuse_mask, cached, geometry, tile, epilogue: as in
+            `dcjax.kernels.masked_conv`.
         p: a precomputed plan (overrides ``tile``).
 
     Returns:
@@ -504,9 +463,6 @@ def xla_masked_conv(
 
     Inference only: the custom batching rule defines no derivative.
     """
-    strides, dilation = tuple(strides), tuple(dilation)
-    pad_arg = padding if isinstance(padding, str) else tuple(map(tuple, padding))
-
     fn, epi_ops = epilogue_parts(epilogue)
 
     def unbatched(x, w, reuse_mask, cached, epi_ops):
@@ -514,17 +470,11 @@ def xla_masked_conv(
             q = p
         else:  # no plan, or a batch folded in by vmap: same tile, new tile count
             q = _tiles.plan(
-                x.shape,
-                w.shape,
-                strides=strides,
-                padding=pad_arg,
-                dilation=dilation,
-                groups=groups,
-                tile=(p.th, p.tw) if p is not None else tile,
+                x.shape, w.shape, geometry, tile=(p.th, p.tw) if p is not None else tile
             )
         return _masked_conv_unbatched(x, w, reuse_mask, cached, epi_ops, q, fn)
 
-    run = pooled_over_streams(unbatched, strides, pad_arg, dilation, groups, fn)
+    run = pooled_over_streams(unbatched, geometry, fn)
     return run(x, w, reuse_mask, cached, epi_ops)
 
 
@@ -535,7 +485,7 @@ def epilogue_parts(epilogue: Epilogue | None) -> tuple[Callable | None, tuple[tu
     return epilogue.fn, (tuple(epilogue.operands), tuple(epilogue.pixel_operands))
 
 
-def pooled_over_streams(unbatched, strides, padding, dilation, groups, fn=None):
+def pooled_over_streams(unbatched, geometry: ConvGeometry, fn=None):
     """``unbatched(x, w, mask, cached, (ops, pix))`` with a batching rule pooling streams into N.
 
     Under `jax.vmap` the mapped axis is folded into the batch axis N, so one
@@ -547,7 +497,7 @@ def pooled_over_streams(unbatched, strides, padding, dilation, groups, fn=None):
     """
 
     def per_stream(x, w, m, c, ops, pix):
-        fresh = conv(x, w, strides=strides, padding=padding, dilation=dilation, groups=groups)
+        fresh = conv(x, w, geometry)
         return jnp.where(m[..., None], c.astype(fresh.dtype), apply_epilogue(fn, fresh, ops, pix))
 
     return pooled(unbatched, per_stream)

@@ -15,7 +15,7 @@ import numpy as np
 from jax.extend import core as jcore
 from jax.extend.core import primitives as P
 
-from dcjax.kernels.masked import plain_conv
+from dcjax.kernels.geometry import plain_conv
 from dcjax.transforms.calls import sub_jaxpr
 from dcjax.transforms.records import EqnInfo
 from dcjax.transforms.signature_rules import ELEMENTWISE

@@ -23,7 +23,7 @@ from jax.extend import core as jcore
 
 from dcjax import kernels
 from dcjax.kernels import chain as chain_lib
-from dcjax.kernels.masked import plain_conv
+from dcjax.kernels.geometry import plain_conv
 
 __all__ = [
     "conv_chains",

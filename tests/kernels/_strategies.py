@@ -8,7 +8,7 @@ import math
 import numpy as np
 from hypothesis import strategies as st
 
-from dcjax.kernels import reference
+from dcjax.kernels import ConvGeometry, reference
 from dcjax.kernels.tiles import TilePlan, plan
 
 
@@ -27,8 +27,8 @@ class Case:
     tile: tuple[int, int] | None
 
     @property
-    def kwargs(self) -> dict:
-        return dict(
+    def geometry(self) -> ConvGeometry:
+        return ConvGeometry(
             strides=self.strides, padding=self.padding, dilation=self.dilation, groups=self.groups
         )
 
@@ -66,7 +66,7 @@ def check_list_built_in_loops(f, x: np.ndarray, cout: int, capacity: int) -> Non
 
 def dense(case: Case) -> np.ndarray:
     """The oracle: `lax.conv_general_dilated`."""
-    return np.asarray(reference.conv(case.x, case.w, **case.kwargs))
+    return np.asarray(reference.conv(case.x, case.w, case.geometry))
 
 
 def dirty_tiles_np(mask: np.ndarray, th: int, tw: int) -> np.ndarray:
@@ -150,7 +150,11 @@ def cases(draw, max_k: int = 11, max_hw: int = 24, max_c: int = 6, max_n: int = 
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, h, w, cin)).astype(np.float32)
     wt = rng.normal(size=(k, kw_, cin // groups, cout)).astype(np.float32)
-    p = plan(x.shape, wt.shape, strides=(s, sx), padding=padding, dilation=(d, d), groups=groups)
+    p = plan(
+        x.shape,
+        wt.shape,
+        ConvGeometry(strides=(s, sx), padding=padding, dilation=(d, d), groups=groups),
+    )
     ho, wo = p.ho, p.wo
     out_shape = (n, ho, wo, cout)
     mask = _mask(draw, n, ho, wo)

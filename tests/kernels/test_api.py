@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 
 from dcjax.kernels import (
     IMPLS,
+    ConvGeometry,
     Epilogue,
     choose_impl,
     conv,
@@ -26,19 +29,23 @@ def _problem(seed: int = 0):
     w = rng.normal(size=(3, 3, 3, 5)).astype(np.float32)
     cached = rng.normal(size=(1, 20, 20, 5)).astype(np.float32)
     mask = rng.random((1, 20, 20)) > 0.3
-    return x, w, mask, cached, dict(strides=(1, 1), padding="SAME")
+    return x, w, mask, cached, ConvGeometry(strides=(1, 1), padding="SAME")
 
 
 def test_auto_is_default_and_correct() -> None:
-    x, w, mask, cached, kw = _problem()
-    out = np.asarray(masked_conv(x, w, mask, cached, **kw))
-    ref = np.asarray(reference_masked_conv(x, w, mask, cached, **kw))
+    x, w, mask, cached, geom = _problem()
+    out = np.asarray(masked_conv(x, w, mask, cached, geom))
+    ref = np.asarray(reference_masked_conv(x, w, mask, cached, geom))
     np.testing.assert_allclose(out[~mask], ref[~mask], rtol=1e-4, atol=1e-4)
 
 
 def test_auto_table_choices_are_valid() -> None:
     for name, (h, w_, cin, cout, k, s, g, pad, _) in LAYERS.items():
-        p = plan((1, h, w_, cin), (k, k, cin // g, cout), strides=(s, s), padding=pad, groups=g)
+        p = plan(
+            (1, h, w_, cin),
+            (k, k, cin // g, cout),
+            ConvGeometry(strides=(s, s), padding=pad, groups=g),
+        )
         for backend in ("cpu", "gpu", "tpu"):
             impl, tile = choose_impl(p, backend)
             assert impl in IMPLS and impl not in ("auto", "pallas"), (name, backend, impl)
@@ -46,28 +53,28 @@ def test_auto_table_choices_are_valid() -> None:
 
 
 def test_unknown_impl_and_bad_shapes_raise() -> None:
-    x, w, mask, cached, kw = _problem()
+    x, w, mask, cached, geom = _problem()
     with pytest.raises(ValueError, match="impl must be one of"):
-        masked_conv(x, w, mask, cached, impl="cuda", **kw)
+        masked_conv(x, w, mask, cached, geom, impl="cuda")
     with pytest.raises(ValueError, match="reuse_mask has shape"):
-        masked_conv(x, w, mask[:, :10], cached, **kw)
+        masked_conv(x, w, mask[:, :10], cached, geom)
     with pytest.raises(ValueError, match="cached has shape"):
-        masked_conv(x, w, mask, cached[..., :2], **kw)
+        masked_conv(x, w, mask, cached[..., :2], geom)
     with pytest.raises(ValueError, match="groups"):
-        masked_conv(x, w, mask, cached, groups=2, **kw)
+        masked_conv(x, w, mask, cached, dataclasses.replace(geom, groups=2))
     if jax.default_backend() == "cpu":
         for impl in ("pallas", "pallas_gpu", "pallas_tpu"):
             with pytest.raises(ValueError, match="interpret=True"):
-                masked_conv(x, w, mask, cached, impl=impl, **kw)
+                masked_conv(x, w, mask, cached, geom, impl=impl)
 
 
 @pytest.mark.parametrize("impl", ["reference", "dense", "xla", "rows", "auto"])
 def test_every_impl_honours_the_contract_under_jit(impl: str) -> None:
-    x, w, mask, cached, kw = _problem(seed=2)
-    out = np.asarray(jax.jit(lambda *a: masked_conv(*a, impl=impl, **kw))(x, w, mask, cached))
-    ref = np.asarray(reference_masked_conv(x, w, mask, cached, **kw))
+    x, w, mask, cached, geom = _problem(seed=2)
+    out = np.asarray(jax.jit(lambda *a: masked_conv(*a, geom, impl=impl))(x, w, mask, cached))
+    ref = np.asarray(reference_masked_conv(x, w, mask, cached, geom))
     np.testing.assert_allclose(out[~mask], ref[~mask], rtol=1e-4, atol=1e-4)
-    fresh = np.asarray(conv(x, w, **kw))
+    fresh = np.asarray(conv(x, w, geom))
     is_fresh = np.isclose(out, fresh, rtol=1e-4, atol=1e-4).all(-1)
     is_cached = (out == cached).all(-1)
     # where reusable, each pixel is the cache or the fresh value, nothing else
@@ -90,9 +97,9 @@ def test_default_tile_rule(side: int, tile: int) -> None:
 def test_plan_geometry_matches_conv(k: int, s: int, d: int, pad) -> None:
     x = jax.ShapeDtypeStruct((2, 31, 29, 4), np.float32)
     w = jax.ShapeDtypeStruct((k, k, 4, 8), np.float32)
-    p = plan(x.shape, w.shape, strides=(s, s), padding=pad, dilation=(d, d))
+    p = plan(x.shape, w.shape, ConvGeometry(strides=(s, s), padding=pad, dilation=(d, d)))
     out = jax.eval_shape(
-        lambda x, w: conv(x, w, strides=(s, s), padding=pad, dilation=(d, d)), x, w
+        lambda x, w: conv(x, w, ConvGeometry(strides=(s, s), padding=pad, dilation=(d, d))), x, w
     )
     assert out.shape == (2, p.ho, p.wo, 8)
     assert p.win_h == (p.th - 1) * s + (k - 1) * d + 1
@@ -127,12 +134,12 @@ def test_blocky_mask_is_one_blob_of_the_requested_size(fraction: float) -> None:
 def test_auto_row_steps_are_longer_for_blob_masks() -> None:
     from dcjax.kernels import auto, rows
 
-    big = plan((1, 56, 56, 64), (3, 3, 64, 64), strides=(1, 1), padding="SAME")
+    big = plan((1, 56, 56, 64), (3, 3, 64, 64), ConvGeometry(strides=(1, 1), padding="SAME"))
     assert auto.row_chunk(big) == auto.BLOB_ROW_CHUNK == 64
     assert auto.row_chunk(big, scattered=True) is None  # refinement: the row kernel's own 16
     assert rows.row_plan(big, chunk=auto.row_chunk(big)).sizes[-1] == 64
     # a 7x7 map's dense threshold is 29 pixels: capped there, one step of 32 rows
-    small_map = plan((1, 7, 7, 512), (3, 3, 512, 512), strides=(1, 1), padding="SAME")
+    small_map = plan((1, 7, 7, 512), (3, 3, 512, 512), ConvGeometry(strides=(1, 1), padding="SAME"))
     assert auto.row_chunk(small_map) == 32
     assert rows.row_plan(small_map, chunk=32).sizes == (32,)
     assert rows.row_plan(small_map).sizes == (32, 16)  # the row kernel's own rule
@@ -146,11 +153,11 @@ def test_auto_rows_with_long_steps_match_the_oracle(fraction: float) -> None:
     x = rng.normal(size=(1, 28, 28, 64)).astype(np.float32)
     w = rng.normal(size=(3, 3, 64, 64)).astype(np.float32) / 24
     cached = rng.normal(size=(1, 28, 28, 64)).astype(np.float32)
-    kw = dict(strides=(1, 1), padding="SAME")
-    assert choose_impl(plan(x.shape, w.shape, **kw), "cpu")[0] == "rows"
+    geom = ConvGeometry(strides=(1, 1), padding="SAME")
+    assert choose_impl(plan(x.shape, w.shape, geom), "cpu")[0] == "rows"
     mask = blocky_mask((28, 28), fraction, block=2, seed=1)[None]
-    out = np.asarray(masked_conv(x, w, mask, cached, impl="auto", **kw))
-    ref = np.asarray(reference_masked_conv(x, w, mask, cached, **kw))
+    out = np.asarray(masked_conv(x, w, mask, cached, geom, impl="auto"))
+    ref = np.asarray(reference_masked_conv(x, w, mask, cached, geom))
     np.testing.assert_allclose(out[~mask], ref[~mask], rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(out[mask], cached[mask])  # reusable pixels kept bit for bit
 
@@ -158,41 +165,49 @@ def test_auto_rows_with_long_steps_match_the_oracle(fraction: float) -> None:
 def test_auto_runs_small_layers_dense_on_cpu() -> None:
     from dcjax.kernels import auto
 
-    small = plan((1, 14, 14, 32), (3, 3, 32, 32), strides=(1, 1), padding="SAME")
-    big = plan((1, 56, 56, 64), (3, 3, 64, 64), strides=(1, 1), padding="SAME")
+    small = plan((1, 14, 14, 32), (3, 3, 32, 32), ConvGeometry(strides=(1, 1), padding="SAME"))
+    big = plan((1, 56, 56, 64), (3, 3, 64, 64), ConvGeometry(strides=(1, 1), padding="SAME"))
     assert auto.dense_flops(small) < auto.SMALL_LAYER_FLOPS < auto.dense_flops(big)
     assert auto.choose(small, "cpu") == ("dense", None)
     assert auto.choose(big, "cpu")[0] == "rows"  # 64 channels: per-tap row gathers pay
-    rgb = plan((1, 227, 227, 3), (11, 11, 3, 96), strides=(4, 4), padding="VALID")
+    rgb = plan((1, 227, 227, 3), (11, 11, 3, 96), ConvGeometry(strides=(4, 4), padding="VALID"))
     # 3 channels: the tile kernel, whose dirty tiles recompute some reusable pixels
     assert auto.choose(rgb, "cpu")[0] == "xla"
     assert auto.choose(rgb, "cpu", scattered=True)[0] == "rows"
     # ...except a stem computed as a sum of taps (YOLO-tiny's), even when scattered
-    yolo_stem = plan((1, 448, 448, 3), (3, 3, 3, 16), strides=(1, 1), padding="SAME")
+    yolo_stem = plan((1, 448, 448, 3), (3, 3, 3, 16), ConvGeometry(strides=(1, 1), padding="SAME"))
     assert auto.choose(yolo_stem, "cpu") == auto.choose(yolo_stem, "cpu", scattered=True)
     assert auto.choose(yolo_stem, "cpu", scattered=True)[0] == "xla"
-    pointwise = plan((1, 56, 56, 256), (1, 1, 256, 64), strides=(1, 1), padding="SAME")
+    pointwise = plan(
+        (1, 56, 56, 256), (1, 1, 256, 64), ConvGeometry(strides=(1, 1), padding="SAME")
+    )
     assert auto.choose(pointwise, "cpu")[0] == "rows"
     # on GPU a layer runs dense unless its dense convolution is large (a high-resolution map)
     assert auto.choose(small, "gpu") == auto.choose(big, "gpu") == ("dense", None)
-    hires = plan((1, 448, 448, 64), (3, 3, 64, 64), strides=(1, 1), padding="SAME")
+    hires = plan((1, 448, 448, 64), (3, 3, 64, 64), ConvGeometry(strides=(1, 1), padding="SAME"))
     assert auto.dense_flops(big) < auto.GPU_SMALL_LAYER_FLOPS < auto.dense_flops(hires)
     assert auto.choose(hires, "gpu")[0] == "pallas_gpu"
-    depthwise = plan((1, 56, 56, 64), (3, 3, 1, 64), strides=(1, 1), padding="SAME", groups=64)
-    grouped = plan((1, 27, 27, 96), (5, 5, 48, 256), strides=(1, 1), padding="SAME", groups=2)
+    depthwise = plan(
+        (1, 56, 56, 64), (3, 3, 1, 64), ConvGeometry(strides=(1, 1), padding="SAME", groups=64)
+    )
+    grouped = plan(
+        (1, 27, 27, 96), (5, 5, 48, 256), ConvGeometry(strides=(1, 1), padding="SAME", groups=2)
+    )
     assert auto.choose(grouped, "cpu")[0] == "rows"  # AlexNet's conv2: 2 groups of 48 channels
     assert auto.choose(depthwise, "cpu", scattered=True)[0] != "rows"  # rows too short to gather
     assert auto.dense_flops(depthwise) < auto.SMALL_LAYER_FLOPS
     # few FLOPs on a large map: cached when the layer does enough arithmetic per value
     # the sparse kernel moves (ResNet-50's and GoogLeNet's 64 -> 64 1x1 layer)...
-    wide = plan((1, 56, 56, 64), (1, 1, 64, 64), strides=(1, 1), padding="SAME")
+    wide = plan((1, 56, 56, 64), (1, 1, 64, 64), ConvGeometry(strides=(1, 1), padding="SAME"))
     # ...not when it is thin (EfficientNet-Lite0's stem, first projection and
     # expansion, MobileNetV2's 24 -> 144 expansion), nor depthwise
-    stem = plan((1, 225, 225, 3), (3, 3, 3, 32), strides=(2, 2), padding="VALID")
-    project = plan((1, 112, 112, 32), (1, 1, 32, 16), strides=(1, 1), padding="SAME")
-    expand = plan((1, 112, 112, 16), (1, 1, 16, 96), strides=(1, 1), padding="SAME")
-    expand56 = plan((1, 56, 56, 24), (1, 1, 24, 144), strides=(1, 1), padding="SAME")
-    wide_dw = plan((1, 112, 112, 96), (3, 3, 1, 96), strides=(1, 1), padding="SAME", groups=96)
+    stem = plan((1, 225, 225, 3), (3, 3, 3, 32), ConvGeometry(strides=(2, 2), padding="VALID"))
+    project = plan((1, 112, 112, 32), (1, 1, 32, 16), ConvGeometry(strides=(1, 1), padding="SAME"))
+    expand = plan((1, 112, 112, 16), (1, 1, 16, 96), ConvGeometry(strides=(1, 1), padding="SAME"))
+    expand56 = plan((1, 56, 56, 24), (1, 1, 24, 144), ConvGeometry(strides=(1, 1), padding="SAME"))
+    wide_dw = plan(
+        (1, 112, 112, 96), (3, 3, 1, 96), ConvGeometry(strides=(1, 1), padding="SAME", groups=96)
+    )
     for p in (wide, stem, project, expand, expand56, wide_dw):
         assert auto.dense_flops(p) < auto.SMALL_LAYER_FLOPS and p.ho * p.wo >= auto.LARGE_MAP_PIXELS
     assert auto.intensity(wide) == 32.0
@@ -202,7 +217,7 @@ def test_auto_runs_small_layers_dense_on_cpu() -> None:
     for p in (stem, project, expand, expand56, wide_dw):
         assert auto.intensity(p) < auto.LARGE_MAP_MIN_INTENSITY or p.groups > 1
         assert auto.choose(p, "cpu") == ("dense", None)
-    narrow = plan((1, 55, 56, 16), (1, 1, 16, 96), strides=(1, 1), padding="SAME")
+    narrow = plan((1, 55, 56, 16), (1, 1, 16, 96), ConvGeometry(strides=(1, 1), padding="SAME"))
     assert auto.choose(narrow, "cpu") == ("dense", None)
 
 
@@ -213,7 +228,7 @@ def _bn_add_relu(y, mean, factor, bias, residual):
 @pytest.mark.parametrize("impl", ["reference", "dense", "xla", "rows", "auto", "pallas"])
 @pytest.mark.parametrize("dense_path", [False, True])
 def test_epilogue_is_applied_to_fresh_pixels_only(impl: str, dense_path: bool) -> None:
-    x, w, mask, cached, kw = _problem(seed=3)
+    x, w, mask, cached, geom = _problem(seed=3)
     mask = np.full_like(mask, not dense_path)  # nothing reusable: the dense path
     mask[:, 2:7, 3:9] = False  # one dirty blob
     rng = np.random.default_rng(4)
@@ -221,10 +236,10 @@ def test_epilogue_is_applied_to_fresh_pixels_only(impl: str, dense_path: bool) -
     residual = rng.normal(size=cached.shape).astype(np.float32)
     epi = Epilogue(_bn_add_relu, ops, (residual,))
     run = jax.jit(
-        lambda *a: masked_conv(*a, impl=impl, epilogue=epi, interpret=impl == "pallas", **kw)
+        lambda *a: masked_conv(*a, geom, impl=impl, epilogue=epi, interpret=impl == "pallas")
     )
     out = np.asarray(run(x, w, mask, cached))
-    fresh = np.asarray(_bn_add_relu(conv(x, w, **kw), *ops, residual))
+    fresh = np.asarray(_bn_add_relu(conv(x, w, geom), *ops, residual))
     np.testing.assert_allclose(out[~mask], fresh[~mask], rtol=1e-4, atol=1e-4)
     is_fresh = np.isclose(out, fresh, rtol=1e-4, atol=1e-4).all(-1)
     is_cached = (out == cached).all(-1)
@@ -236,7 +251,7 @@ def test_epilogue_is_applied_to_fresh_pixels_only(impl: str, dense_path: bool) -
 
 def test_epilogue_operands_per_stream_under_vmap() -> None:
     """Per-stream pixel operands are pooled like x; per-stream vectors fall back."""
-    x, w, mask, cached, kw = _problem(seed=5)
+    x, w, mask, cached, geom = _problem(seed=5)
     rng = np.random.default_rng(6)
     xs = np.concatenate([x, x[:, ::-1]])[:, None]
     ms, cs = np.stack([mask, mask[:, ::-1]]), np.stack([cached, cached[:, ::-1]])
@@ -246,14 +261,14 @@ def test_epilogue_operands_per_stream_under_vmap() -> None:
 
         def one(x, m, c, b, r, impl=impl):
             epi = Epilogue(lambda y, b, r: y * b + r, (b,), (r,))
-            return masked_conv(x, w, m, c, impl=impl, epilogue=epi, **kw)
+            return masked_conv(x, w, m, c, geom, impl=impl, epilogue=epi)
 
         out = np.asarray(jax.jit(jax.vmap(one))(xs, ms, cs, bias, res))
         pooled = jax.vmap(one, in_axes=(0, 0, 0, None, 0))  # shared bias: streams pooled
         shared = np.asarray(jax.jit(pooled)(xs, ms, cs, bias[0], res))
         for s in range(2):
             dirty = ~ms[s]
-            fresh = np.asarray(conv(xs[s], w, **kw))
+            fresh = np.asarray(conv(xs[s], w, geom))
             want = fresh * bias[s] + res[s]
             np.testing.assert_allclose(out[s][dirty], want[dirty], atol=1e-4)
             want = fresh * bias[0] + res[s]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from dcjax.kernels import masked_conv, pallas_gpu, plan
+from dcjax.kernels import ConvGeometry, masked_conv, pallas_gpu, plan
 from dcjax.kernels.pallas_gpu import DEFAULT_TILE
 from dcjax.kernels.pallas_tpu import DEFAULT_TILE as TPU_DEFAULT_TILE
 from tests.kernels._strategies import Case, cases, dense, dirty_tiles_np
@@ -57,8 +57,8 @@ def _run(case: Case, impl: str, interpret: bool) -> np.ndarray:
     """``masked_conv`` on the case, products in float32."""
     with jax.default_matmul_precision("highest"):
         out = masked_conv(
-            case.x, case.w, case.mask, case.cached, impl=impl, tile=case.tile,
-            interpret=interpret, **case.kwargs,
+            case.x, case.w, case.mask, case.cached, case.geometry, impl=impl, tile=case.tile,
+            interpret=interpret,
         )  # fmt: skip
     return np.asarray(out)
 
@@ -68,7 +68,7 @@ def _gpu(case: Case) -> None:
     computed = None  # a channel multiplier goes to the xla kernel
     if pallas_gpu.supports(case.w.shape, case.groups):
         computed = _nominal(
-            case, pallas_gpu.tile_plan(case.x.shape, case.w.shape, tile=case.tile, **case.kwargs)
+            case, pallas_gpu.tile_plan(case.x.shape, case.w.shape, case.geometry, tile=case.tile)
         )
     _check(case, out, computed)
 
@@ -87,7 +87,7 @@ def test_pallas_tpu_interpret(case: Case) -> None:
     _check(
         case,
         out,
-        _nominal(case, plan(case.x.shape, case.w.shape, tile=tile, **case.kwargs)),
+        _nominal(case, plan(case.x.shape, case.w.shape, case.geometry, tile=tile)),
     )
 
 
@@ -100,7 +100,9 @@ def _large_cases():
     ]:
         x = rng.normal(size=(1, 27, 23, cin)).astype(np.float32)
         w = rng.normal(size=(k, k, cin // g, cout)).astype(np.float32)
-        p = plan(x.shape, w.shape, strides=(s, s), padding=pad, dilation=(d, d), groups=g)
+        p = plan(
+            x.shape, w.shape, ConvGeometry(strides=(s, s), padding=pad, dilation=(d, d), groups=g)
+        )
         mask = np.ones((1, p.ho, p.wo), bool)
         mask[0, 1, 2] = False
         mask[0, -1, -1] = False
@@ -115,7 +117,7 @@ def test_pallas_gpu_large_kernel_stride_dilation() -> None:
 
 def test_pallas_tpu_large_kernel_stride_dilation() -> None:
     for case in _large_cases():
-        p = plan(case.x.shape, case.w.shape, tile=case.tile, **case.kwargs)
+        p = plan(case.x.shape, case.w.shape, case.geometry, tile=case.tile)
         _check(case, _run(case, "pallas_tpu", True), _nominal(case, p))
 
 
@@ -136,14 +138,14 @@ ZOO_LAYERS = [
 def test_pallas_gpu_lowers_to_triton(layer) -> None:
     """The compiled kernel's Triton lowering (block shapes, dot extents, loops) holds."""
     n, h, w, cin, cout, k, s, g, pad = layer
-    kw = dict(strides=(s, s), padding=pad, groups=g)
-    p = pallas_gpu.tile_plan((n, h, w, cin), (k, k, cin // g, cout), **kw)
+    geom = ConvGeometry(strides=(s, s), padding=pad, groups=g)
+    p = pallas_gpu.tile_plan((n, h, w, cin), (k, k, cin // g, cout), geom)
     args = (
         jax.ShapeDtypeStruct((n, h, w, cin), jnp.float32),
         jax.ShapeDtypeStruct((k, k, cin // g, cout), jnp.float32),
         jax.ShapeDtypeStruct((n, p.ho, p.wo), jnp.bool_),
         jax.ShapeDtypeStruct((n, p.ho, p.wo, cout), jnp.float32),
     )
-    fn = jax.jit(functools.partial(pallas_gpu.pallas_gpu_masked_conv, **kw))
+    fn = jax.jit(functools.partial(pallas_gpu.pallas_gpu_masked_conv, geometry=geom))
     text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert "xla.gpu.triton" in text

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dcjax.kernels import Epilogue, masked_conv, plan, reference_masked_conv
+from dcjax.kernels import ConvGeometry, Epilogue, masked_conv, plan, reference_masked_conv
 from dcjax.kernels.reference import conv
 from dcjax.kernels.rows import (
     DENSE_FRACTION,
@@ -29,7 +29,7 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 
 def _expected_dense(case: Case, chunk: int | None = None) -> bool:
     """Whether the dense path runs, from a numpy count of dirty pixels."""
-    p = plan(case.x.shape, case.w.shape, **case.kwargs)
+    p = plan(case.x.shape, case.w.shape, case.geometry)
     frac = DENSE_FRACTION["pointwise" if p.kh * p.kw == 1 else "spatial"]
     rows = p.n * p.ho * p.wo
     return int((~case.mask).sum()) > max(1, int(np.floor(frac * rows)))
@@ -60,7 +60,7 @@ def ungrouped_cases(draw) -> Case:
 @SETTINGS
 @given(ungrouped_cases(), st.sampled_from([None, 1, 3, 8]))
 def test_rows_matches_reference(case: Case, chunk: int | None) -> None:
-    conv = jax.jit(functools.partial(rows_masked_conv, chunk=chunk, **case.kwargs))
+    conv = jax.jit(functools.partial(rows_masked_conv, chunk=chunk, geometry=case.geometry))
     out = np.asarray(conv(case.x, case.w, case.mask, case.cached))
     check_pixel_contract(case, out, _expected_dense(case))
 
@@ -76,7 +76,7 @@ def test_tap_gathers_from_the_unpadded_input_match_the_reference(case: Case) -> 
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(rows_module, "TAP_ROWS_MIN_CIN", 1)
-        f = functools.partial(rows_masked_conv, dense_fraction=1.0, **case.kwargs)
+        f = functools.partial(rows_masked_conv, dense_fraction=1.0, geometry=case.geometry)
         out = np.asarray(jax.jit(f)(case.x, case.w, case.mask, case.cached))
         eqns = all_eqns(jax.make_jaxpr(f)(case.x, case.w, case.mask, case.cached).jaxpr)
     check_pixel_contract(case, out, dense_path=False)
@@ -110,14 +110,16 @@ def test_schedule_by_dirty_count(k: int, n_dirty: int, dense_path: bool, units: 
     x = rng.normal(size=(1, 24, 24, 20)).astype(np.float32)  # 20 channels: tap gathers
     w = rng.normal(size=(k, k, 20, 5)).astype(np.float32)
     cached = rng.normal(size=(1, 24, 24, 5)).astype(np.float32) + 100.0
-    rp = row_plan(plan(x.shape, w.shape, strides=(1, 1), padding="SAME"))
+    rp = row_plan(plan(x.shape, w.shape, ConvGeometry(strides=(1, 1), padding="SAME")))
     assert (rp.rows, rp.chunk, rp.dense_threshold) == (576, 16, 345)
     assert rp.sizes == (256, 128, 64, 32, 16)
     mask = np.ones((1, 24, 24), bool)
     mask.reshape(-1)[rng.permutation(576)[:n_dirty]] = False
     got_dense, got_units = row_schedule(jnp.int32(n_dirty), rp)
     assert (bool(got_dense), int(got_units)) == (dense_path, units)
-    out = np.asarray(rows_masked_conv(x, w, mask, cached, strides=(1, 1), padding="SAME"))
+    out = np.asarray(
+        rows_masked_conv(x, w, mask, cached, ConvGeometry(strides=(1, 1), padding="SAME"))
+    )
     case = Case(x, w, mask, cached, (1, 1), "SAME", (1, 1), 1, None)
     check_pixel_contract(case, out, dense_path)
     if n_dirty == 0:
@@ -137,7 +139,7 @@ def test_schedule_by_dirty_count(k: int, n_dirty: int, dense_path: bool, units: 
 def test_step_sizes_cover_the_dense_threshold_and_no_more(hw, k, sizes) -> None:
     """Halving steps down to ``chunk``: any count up to the threshold is a sum of
     distinct steps with less than one chunk of padding, and no step is unneeded."""
-    p = plan((1, hw, hw, 8), (k, k, 8, 8), strides=(1, 1), padding="SAME")
+    p = plan((1, hw, hw, 8), (k, k, 8, 8), ConvGeometry(strides=(1, 1), padding="SAME"))
     rp = row_plan(p)
     assert rp.sizes == sizes and rp.capacity == sum(sizes)
     assert rp.capacity >= rp.dense_threshold
@@ -168,11 +170,11 @@ def test_segment_window_and_tap_gathers_agree_with_the_oracle(
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(2, 13, 11, cin)).astype(np.float32)
     w = rng.normal(size=(*kernel, cin, 7)).astype(np.float32)
-    kw = dict(strides=stride, padding="SAME", dilation=dilation)
+    geom = ConvGeometry(strides=stride, padding="SAME", dilation=dilation)
     ref = dense(Case(x, w, None, None, stride, "SAME", dilation, 1, None))
     cached = rng.normal(size=ref.shape).astype(np.float32) + 100.0
     mask = rng.uniform(size=ref.shape[:3]) > 0.3
-    f = functools.partial(rows_masked_conv, dense_fraction=1.0, **kw)
+    f = functools.partial(rows_masked_conv, dense_fraction=1.0, geometry=geom)
     out = np.asarray(f(x, w, mask, cached))
     np.testing.assert_allclose(out[~mask], ref[~mask], rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(out[mask], cached[mask])
@@ -200,7 +202,7 @@ def test_vmapped_streams_are_pooled_into_one_schedule() -> None:
     masks[2, 0, 10, 10] = False
 
     def f(x, m, c):
-        return masked_conv(x, w, m, c, impl="rows", strides=(1, 1), padding="SAME")
+        return masked_conv(x, w, m, c, ConvGeometry(strides=(1, 1), padding="SAME"), impl="rows")
 
     out = np.asarray(jax.jit(jax.vmap(f))(xs, masks, caches))
     for i in range(3):
@@ -209,7 +211,7 @@ def test_vmapped_streams_are_pooled_into_one_schedule() -> None:
     eqns = list(all_eqns(jax.make_jaxpr(jax.vmap(f))(xs, masks, caches).jaxpr))
     assert not [e for e in eqns if e.primitive.name == "cond"]
     loops = [e for e in eqns if e.primitive.name == "while"]
-    rp = row_plan(plan((3, 16, 16, 4), w.shape, strides=(1, 1), padding="SAME"))
+    rp = row_plan(plan((3, 16, 16, 4), w.shape, ConvGeometry(strides=(1, 1), padding="SAME")))
     assert len(loops) == len(rp.sizes) + 2  # around the steps, each step, the dense fallback
     for loop in loops:  # counters stay scalars: one schedule for the pooled batch
         ints = [v for v in loop.outvars if jnp.issubdtype(v.aval.dtype, jnp.integer)]
@@ -224,9 +226,9 @@ def test_batch_pools_pixels_of_all_images() -> None:
     mask = np.ones((2, 12, 12), bool)
     mask[0, 3:6, 4:6] = False
     mask[1, 11, 11] = False
-    kw = dict(strides=(1, 1), padding="SAME")
-    out = np.asarray(masked_conv(x, w, mask, cached, impl="rows", **kw))
-    ref = np.asarray(reference_masked_conv(x, w, mask, cached, **kw))
+    geom = ConvGeometry(strides=(1, 1), padding="SAME")
+    out = np.asarray(masked_conv(x, w, mask, cached, geom, impl="rows"))
+    ref = np.asarray(reference_masked_conv(x, w, mask, cached, geom))
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(out[mask], cached[mask])
 
@@ -249,8 +251,8 @@ def test_grouped_layers_match_the_oracle(groups, cg, k, stride, n_dirty) -> None
     cin, cout = groups * cg, 6 * groups
     x = rng.normal(size=(2, 13, 14, cin)).astype(np.float32)
     w = rng.normal(size=(k, k, cg, cout)).astype(np.float32)
-    kw = dict(strides=(stride, stride), padding="SAME", groups=groups)
-    ref = np.asarray(conv(x, w, **kw))
+    geom = ConvGeometry(strides=(stride, stride), padding="SAME", groups=groups)
+    ref = np.asarray(conv(x, w, geom))
     cached = rng.normal(size=ref.shape).astype(np.float32) + 100.0
     mask = np.ones(ref.shape[:3], bool)
     mask.reshape(-1)[rng.permutation(mask.size)[:n_dirty]] = False
@@ -262,7 +264,7 @@ def test_grouped_layers_match_the_oracle(groups, cg, k, stride, n_dirty) -> None
 
     out = np.asarray(
         jax.jit(lambda x, m, c: rows_masked_conv(
-            x, w, m, c, epilogue=Epilogue(relu_bias, (bias,)), chunk=8, **kw
+            x, w, m, c, geom, epilogue=Epilogue(relu_bias, (bias,)), chunk=8
         ))(x, mask, cached)
     )  # fmt: skip
     fresh = np.maximum(ref + bias, 0.0)
@@ -274,7 +276,7 @@ def test_grouped_layers_match_the_oracle(groups, cg, k, stride, n_dirty) -> None
     # the groups are not mixed: group g's outputs do not depend on group h's inputs
     x2 = x.copy()
     x2[..., :cg] += 1.0
-    out2 = np.asarray(masked_conv(x2, w, np.zeros_like(mask), cached, impl="rows", **kw))
+    out2 = np.asarray(masked_conv(x2, w, np.zeros_like(mask), cached, geom, impl="rows"))
     np.testing.assert_allclose(out2[..., cout // groups :], ref[..., cout // groups :],
                                rtol=1e-4, atol=1e-3)  # fmt: skip
     assert not np.allclose(out2[..., : cout // groups], ref[..., : cout // groups], atol=1e-3)
@@ -290,16 +292,16 @@ def test_grouped_layers_pool_vmapped_streams() -> None:
     masks = np.ones((2, 1, 9, 9), bool)
     masks[0, 0, 2:5, 3:7] = False
     masks[1, 0, 8, 0] = False
-    kw = dict(strides=(1, 1), padding="SAME", groups=2)
+    geom = ConvGeometry(strides=(1, 1), padding="SAME", groups=2)
 
     def f(x, m, c):
-        return masked_conv(x, w, m, c, impl="rows", **kw)
+        return masked_conv(x, w, m, c, geom, impl="rows")
 
     out = np.asarray(jax.jit(jax.vmap(f))(xs, masks, caches))
     for i in range(2):
         alone = np.asarray(f(xs[i], masks[i], caches[i]))
         np.testing.assert_allclose(out[i], alone, rtol=1e-5, atol=1e-5)
-        ref = np.asarray(conv(xs[i], w, **kw))
+        ref = np.asarray(conv(xs[i], w, geom))
         np.testing.assert_allclose(out[i][~masks[i]], ref[~masks[i]], rtol=1e-4, atol=1e-4)
         np.testing.assert_array_equal(out[i][masks[i]], caches[i][masks[i]])
     eqns = list(all_eqns(jax.make_jaxpr(jax.vmap(f))(xs, masks, caches).jaxpr))
@@ -313,11 +315,11 @@ def test_grouped_layers_are_refused_and_dispatched_to_tiles() -> None:
     cached = np.zeros((1, 10, 10, 4), np.float32)
     mask = np.ones((1, 10, 10), bool)
     mask[0, 2, 2] = False
-    kw = dict(strides=(1, 1), padding="SAME", groups=4)
+    geom = ConvGeometry(strides=(1, 1), padding="SAME", groups=4)
     with pytest.raises(ValueError, match="ungrouped"):
-        rows_masked_conv(x, w, mask, cached, **kw)
-    out = np.asarray(masked_conv(x, w, mask, cached, impl="rows", **kw))
-    ref = np.asarray(reference_masked_conv(x, w, mask, cached, **kw))
+        rows_masked_conv(x, w, mask, cached, geom)
+    out = np.asarray(masked_conv(x, w, mask, cached, geom, impl="rows"))
+    ref = np.asarray(reference_masked_conv(x, w, mask, cached, geom))
     np.testing.assert_allclose(out[~mask], ref[~mask], rtol=1e-4, atol=1e-4)
 
 
@@ -328,8 +330,8 @@ def test_bfloat16_keeps_dtype() -> None:
     mask = np.ones((1, 8, 8), bool)
     mask[0, :3, :3] = False
     xb, wb, cb = (jnp.asarray(a, jnp.bfloat16) for a in (x, w, cached))
-    out = rows_masked_conv(xb, wb, mask, cb, strides=(1, 1), padding="VALID")
-    ref = reference_masked_conv(xb, wb, mask, cb, strides=(1, 1), padding="VALID")
+    out = rows_masked_conv(xb, wb, mask, cb, ConvGeometry(strides=(1, 1), padding="VALID"))
+    ref = reference_masked_conv(xb, wb, mask, cb, ConvGeometry(strides=(1, 1), padding="VALID"))
     assert out.dtype == ref.dtype == jnp.bfloat16
     np.testing.assert_allclose(
         np.asarray(out, np.float32), np.asarray(ref, np.float32), rtol=2e-2, atol=0.1
@@ -337,7 +339,7 @@ def test_bfloat16_keeps_dtype() -> None:
 
 
 def test_plan_rejects_bad_parameters() -> None:
-    p = plan((1, 8, 8, 3), (1, 1, 3, 4), strides=(1, 1), padding="SAME")
+    p = plan((1, 8, 8, 3), (1, 1, 3, 4), ConvGeometry(strides=(1, 1), padding="SAME"))
     with pytest.raises(ValueError, match="chunk"):
         row_plan(p, chunk=0)
     with pytest.raises(ValueError, match="dense_fraction"):
@@ -350,9 +352,9 @@ def test_the_dirty_list_is_built_inside_the_sparse_path() -> None:
     no equation outside the loops yields an integer array of the plan's capacity."""
     x = np.ones((1, 16, 16, 8), np.float32)
     w = np.ones((1, 1, 8, 4), np.float32)
-    rp = row_plan(plan(x.shape, w.shape, strides=(1, 1), padding="SAME"))
+    rp = row_plan(plan(x.shape, w.shape, ConvGeometry(strides=(1, 1), padding="SAME")))
 
     def f(x, m, c):
-        return rows_masked_conv(x, w, m, c, strides=(1, 1), padding="SAME")
+        return rows_masked_conv(x, w, m, c, ConvGeometry(strides=(1, 1), padding="SAME"))
 
     check_list_built_in_loops(f, x, 4, rp.capacity)

@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
-from dcjax.kernels import masked_conv, plan, reference_masked_conv, tiles, work_fraction
+from dcjax.kernels import (
+    ConvGeometry,
+    masked_conv,
+    plan,
+    reference_masked_conv,
+    tiles,
+    work_fraction,
+)
 from tests.kernels._strategies import (
     Case,
     all_eqns,
@@ -52,8 +59,10 @@ def check_sparse_contract(case: Case, out: np.ndarray, p: tiles.TilePlan, dense_
 @SETTINGS
 @given(cases())
 def test_xla_matches_reference(case: Case) -> None:
-    p = plan(case.x.shape, case.w.shape, tile=case.tile, **case.kwargs)
-    conv = jax.jit(functools.partial(masked_conv, impl="xla", tile=case.tile, **case.kwargs))
+    p = plan(case.x.shape, case.w.shape, case.geometry, tile=case.tile)
+    conv = jax.jit(
+        functools.partial(masked_conv, impl="xla", tile=case.tile, geometry=case.geometry)
+    )
     out = np.asarray(conv(case.x, case.w, case.mask, case.cached))
     want_dense, want_chunks = _expected_schedule(case, p)
     got_dense, got_chunks = tiles.schedule(tiles.tile_dirty(jnp.asarray(case.mask), p).sum(), p)
@@ -65,7 +74,7 @@ def test_xla_matches_reference(case: Case) -> None:
 @given(cases(max_k=5, max_hw=16))
 def test_reference_impl_is_dense_then_select(case: Case) -> None:
     out = np.asarray(
-        masked_conv(case.x, case.w, case.mask, case.cached, impl="reference", **case.kwargs)
+        masked_conv(case.x, case.w, case.mask, case.cached, case.geometry, impl="reference")
     )
     want = np.where(case.mask[..., None], case.cached, dense(case))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
@@ -87,14 +96,14 @@ def test_named_layers_with_blob_masks(name, hw, cin, cout, k, s, d, g, pad) -> N
     rng = np.random.default_rng(len(name))
     x = rng.normal(size=(2, *hw, cin)).astype(np.float32)
     wt = rng.normal(size=(k, k, cin // g, cout)).astype(np.float32)
-    kw = dict(strides=(s, s), padding=pad, dilation=(d, d), groups=g)
-    p = plan(x.shape, wt.shape, **kw)
+    geom = ConvGeometry(strides=(s, s), padding=pad, dilation=(d, d), groups=g)
+    p = plan(x.shape, wt.shape, geom)
     mask = np.ones((2, p.ho, p.wo), bool)
     mask[0, p.ho // 3 : p.ho // 3 + 3, 1:4] = False
     mask[1, -1, -1] = False
     cached = rng.normal(size=(2, p.ho, p.wo, cout)).astype(np.float32) + 100.0
     case = Case(x, wt, mask, cached, (s, s), pad, (d, d), g, None)
-    out = np.asarray(jax.jit(lambda *a: masked_conv(*a, impl="xla", **kw))(x, wt, mask, cached))
+    out = np.asarray(jax.jit(lambda *a: masked_conv(*a, geom, impl="xla"))(x, wt, mask, cached))
     check_sparse_contract(case, out, p, _expected_schedule(case, p)[0])
 
 
@@ -102,9 +111,9 @@ def _fixed_case(n: int = 1, h: int = 24, w: int = 24, c: int = 3, k: int = 3, se
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, h, w, c)).astype(np.float32)
     wt = rng.normal(size=(k, k, c, 4)).astype(np.float32)
-    kw = dict(strides=(1, 1), padding="SAME", dilation=(1, 1), groups=1)
+    geom = ConvGeometry(strides=(1, 1), padding="SAME", dilation=(1, 1), groups=1)
     cached = rng.normal(size=(n, h, w, 4)).astype(np.float32) + 100.0
-    return x, wt, cached, kw
+    return x, wt, cached, geom
 
 
 @pytest.mark.parametrize(
@@ -121,8 +130,8 @@ def _fixed_case(n: int = 1, h: int = 24, w: int = 24, c: int = 3, k: int = 3, se
 )
 def test_schedule_by_dirty_count(n_dirty: int, dense_path: bool, chunks: int) -> None:
     """A 6x6 grid of 4x4 tiles, chunks of 3, dense above 22: path and work follow the count."""
-    x, wt, cached, kw = _fixed_case()
-    p = plan(x.shape, wt.shape, tile=(4, 4), **kw)
+    x, wt, cached, geom = _fixed_case()
+    p = plan(x.shape, wt.shape, geom, tile=(4, 4))
     assert (p.nty, p.ntx, p.chunk, p.dense_threshold) == (6, 6, 3, 22)
     mask = np.ones((1, 24, 24), bool)
     for t in range(n_dirty):  # one false pixel in each of the first n_dirty tiles
@@ -134,7 +143,7 @@ def test_schedule_by_dirty_count(n_dirty: int, dense_path: bool, chunks: int) ->
     assert (bool(got_dense), int(got_chunks)) == (dense_path, chunks)
     expected_work = 1.0 if dense_path else chunks * 3 / 36
     assert float(work_fraction(d, p)) == pytest.approx(expected_work)
-    out = np.asarray(masked_conv(x, wt, mask, cached, impl="xla", tile=(4, 4), **kw))
+    out = np.asarray(masked_conv(x, wt, mask, cached, geom, impl="xla", tile=(4, 4)))
     check_sparse_contract(case, out, p, dense_path)
     if n_dirty == 0:
         np.testing.assert_array_equal(out, cached)
@@ -144,7 +153,7 @@ def test_schedule_by_dirty_count(n_dirty: int, dense_path: bool, chunks: int) ->
 
 def test_batched_tiles_are_pooled_under_jit_and_vmap() -> None:
     """N > 1 pools tiles; vmap over streams folds into N and keeps scalar trip counts."""
-    x, wt, cached, kw = _fixed_case(n=1)
+    x, wt, cached, geom = _fixed_case(n=1)
     rng = np.random.default_rng(1)
     xs = rng.normal(size=(3, 1, 24, 24, 3)).astype(np.float32)
     masks = np.ones((3, 1, 24, 24), bool)
@@ -153,18 +162,18 @@ def test_batched_tiles_are_pooled_under_jit_and_vmap() -> None:
     caches = np.stack([cached] * 3)
 
     def f(x, m, c):
-        return masked_conv(x, wt, m, c, impl="xla", tile=(4, 4), **kw)
+        return masked_conv(x, wt, m, c, geom, impl="xla", tile=(4, 4))
 
     out = np.asarray(jax.jit(jax.vmap(f))(xs, masks, caches))
     for i in range(3):
         case = Case(xs[i], wt, masks[i], caches[i], (1, 1), "SAME", (1, 1), 1, (4, 4))
-        p = plan(xs[i].shape, wt.shape, tile=(4, 4), **kw)
+        p = plan(xs[i].shape, wt.shape, geom, tile=(4, 4))
         # per stream, the behaviour of a pooled 3-image batch: still a sparse branch
         check_sparse_contract(case, out[i], p, dense_path=False)
     eqns = list(all_eqns(jax.make_jaxpr(jax.vmap(f))(xs, masks, caches).jaxpr))
     assert not [e for e in eqns if e.primitive.name == "cond"]  # no select of both paths
     loops = [e for e in eqns if e.primitive.name == "while"]
-    pooled = plan((3, 24, 24, 3), wt.shape, tile=(4, 4), **kw)
+    pooled = plan((3, 24, 24, 3), wt.shape, geom, tile=(4, 4))
     # around the steps, each halving step, the dense fallback: all survive vmap
     assert len(loops) == len(pooled.sizes) + 2
     for loop in loops:  # with scalar counters: one schedule for the pooled batch
@@ -173,25 +182,25 @@ def test_batched_tiles_are_pooled_under_jit_and_vmap() -> None:
 
 
 def test_batched_equals_per_image() -> None:
-    x, wt, cached, kw = _fixed_case(n=2, seed=3)
+    x, wt, cached, geom = _fixed_case(n=2, seed=3)
     mask = np.ones((2, 24, 24), bool)
     mask[0, 3:9, 4:6] = False
     mask[1, 20:, 20:] = False
-    out = np.asarray(masked_conv(x, wt, mask, cached, impl="xla", **kw))
-    ref = np.asarray(reference_masked_conv(x, wt, mask, cached, **kw))
+    out = np.asarray(masked_conv(x, wt, mask, cached, geom, impl="xla"))
+    ref = np.asarray(reference_masked_conv(x, wt, mask, cached, geom))
     np.testing.assert_allclose(out[~mask], ref[~mask], rtol=1e-4, atol=1e-4)
-    p = plan(x.shape, wt.shape, **kw)
+    p = plan(x.shape, wt.shape, geom)
     comp = computed_np(mask, p)
     np.testing.assert_array_equal(out[~comp], cached[~comp])
 
 
 def test_bfloat16_inputs_keep_dtype() -> None:
-    x, wt, cached, kw = _fixed_case()
+    x, wt, cached, geom = _fixed_case()
     mask = np.ones((1, 24, 24), bool)
     mask[0, :4, :4] = False
     xb, wb, cb = (jnp.asarray(a, jnp.bfloat16) for a in (x, wt, cached))
-    out = masked_conv(xb, wb, mask, cb, impl="xla", **kw)
-    ref = reference_masked_conv(xb, wb, mask, cb, **kw)
+    out = masked_conv(xb, wb, mask, cb, geom, impl="xla")
+    ref = reference_masked_conv(xb, wb, mask, cb, geom)
     assert out.dtype == ref.dtype == jnp.bfloat16
     np.testing.assert_allclose(
         np.asarray(out, np.float32)[~mask], np.asarray(ref, np.float32)[~mask], rtol=2e-2, atol=0.1
@@ -205,7 +214,7 @@ def test_conv_as_dot_equals_the_convolution(case: Case) -> None:
     from dcjax.kernels.xla import conv_as_dot
 
     assume(case.groups == 1)  # grouped convolutions never take this path
-    p = plan(case.x.shape, case.w.shape, **case.kwargs)
+    p = plan(case.x.shape, case.w.shape, case.geometry)
     out = np.asarray(jax.jit(conv_as_dot, static_argnums=2)(case.x, case.w, p))
     np.testing.assert_allclose(out, dense(case), rtol=1e-4, atol=1e-4)
 
@@ -227,7 +236,7 @@ def test_dense_convolutions_go_through_a_product_where_it_pays(hw, cin, cout, k,
     from dcjax.kernels import dense_conv_eqn
     from dcjax.kernels.xla import dot_pays
 
-    p = plan((1, hw, hw, cin), (k, k, cin, cout), strides=(1, 1), padding="SAME")
+    p = plan((1, hw, hw, cin), (k, k, cin, cout), ConvGeometry(strides=(1, 1), padding="SAME"))
     assert dot_pays(p) is as_dot
     x = jax.random.normal(jax.random.key(0), (1, hw, hw, cin))
     w = jax.random.normal(jax.random.key(1), (k, k, cin, cout)) * 0.05
@@ -255,13 +264,13 @@ def test_grouped_weights_are_sliced_once_a_frame_with_no_placeholder() -> None:
     mask = np.ones((1, 12, 12), bool)
     mask[0, 2:5, 6:9] = False  # a few dirty tiles: the sparse path
     cached = jnp.full((1, 12, 12, 6), 7.0)
-    kw = dict(strides=(1, 1), padding="SAME", groups=2)
-    fn = jax.jit(lambda x, w, m, c: masked_conv(x, w, m, c, impl="xla", **kw))
+    geom = ConvGeometry(strides=(1, 1), padding="SAME", groups=2)
+    fn = jax.jit(lambda x, w, m, c: masked_conv(x, w, m, c, geom, impl="xla"))
     hlo = fn.lower(x, w, mask, cached).compile().as_text()
     placeholders = [ln for ln in hlo.splitlines() if "f32[3,3,4,3]" in ln and "broadcast" in ln]
     assert placeholders == []
     out = np.asarray(fn(x, w, mask, cached))
-    ref = np.asarray(reference_masked_conv(x, w, mask, cached, **kw))
+    ref = np.asarray(reference_masked_conv(x, w, mask, cached, geom))
     np.testing.assert_allclose(out[~mask], ref[~mask], rtol=1e-5, atol=1e-5)
     assert (out[0, 10:, :2] == 7.0).all()  # a clean tile keeps the cache
 
@@ -276,8 +285,8 @@ def test_rgb_layers_with_17_to_32_outputs_get_a_zero_fourth_channel(cin, cout, p
     from dcjax.kernels import dense_conv_eqn
     from dcjax.kernels.xla import rgb_pays
 
-    kw = dict(strides=(2, 2), padding=((1, 1), (1, 1)))
-    p = plan((1, 20, 22, cin), (3, 3, cin, cout), **kw)
+    geom = ConvGeometry(strides=(2, 2), padding=((1, 1), (1, 1)))
+    p = plan((1, 20, 22, cin), (3, 3, cin, cout), geom)
     assert rgb_pays(p) is padded
     rng = np.random.default_rng(cout)
     x = rng.normal(size=(1, 20, 22, cin)).astype(np.float32)
@@ -288,14 +297,14 @@ def test_rgb_layers_with_17_to_32_outputs_get_a_zero_fourth_channel(cin, cout, p
 
     def conv(x, w):
         dn = ("NHWC", "HWIO", "NHWC")
-        return jax.lax.conv_general_dilated(x, w, (2, 2), kw["padding"], dimension_numbers=dn)
+        return jax.lax.conv_general_dilated(x, w, (2, 2), geom.padding, dimension_numbers=dn)
 
     want = np.asarray(conv(x, w))
     eqn = jax.make_jaxpr(conv)(x, w).jaxpr.eqns[0]
     channels = 4 if padded and jax.default_backend() == "cpu" else cin
     paths = {
         "dense": (lambda x, w: dense_conv_eqn(eqn, (x, w)), np.ones_like(mask)),
-        "sparse": (lambda x, w: masked_conv(x, w, mask, cached, impl="xla", **kw), ~mask),
+        "sparse": (lambda x, w: masked_conv(x, w, mask, cached, geom, impl="xla"), ~mask),
     }
     for name, (fn, fresh) in paths.items():
         jaxpr = jax.make_jaxpr(fn)(x, w).jaxpr
@@ -328,8 +337,10 @@ def test_few_channel_layers_with_few_outputs_are_a_sum_of_taps(
     from dcjax.kernels import dense_conv_eqn
     from dcjax.kernels.xla import taps_pays
 
-    kw = dict(strides=(strides, strides), padding=((1, 2), (2, 1)), dilation=(dilation,) * 2)
-    p = plan((1, 19, 23, cin), (k, k, cin, cout), **kw)
+    geom = ConvGeometry(
+        strides=(strides, strides), padding=((1, 2), (2, 1)), dilation=(dilation,) * 2
+    )
+    p = plan((1, 19, 23, cin), (k, k, cin, cout), geom)
     assert taps_pays(p) is taps
     rng = np.random.default_rng(cin * 100 + cout + k)
     x = rng.normal(size=(1, 19, 23, cin)).astype(np.float32)
@@ -342,7 +353,7 @@ def test_few_channel_layers_with_few_outputs_are_a_sum_of_taps(
     def conv(x, w):
         dn = ("NHWC", "HWIO", "NHWC")
         return jax.lax.conv_general_dilated(
-            x, w, kw["strides"], kw["padding"], rhs_dilation=kw["dilation"],
+            x, w, geom.strides, geom.padding, rhs_dilation=geom.dilation,
             dimension_numbers=dn, precision="highest",
         )  # fmt: skip
 
@@ -351,7 +362,7 @@ def test_few_channel_layers_with_few_outputs_are_a_sum_of_taps(
     as_taps = taps and jax.default_backend() == "cpu"
     paths = {
         "dense": (lambda x, w: dense_conv_eqn(eqn, (x, w)), np.ones_like(mask)),
-        "sparse": (lambda x, w: masked_conv(x, w, mask, cached, impl="xla", **kw), ~mask),
+        "sparse": (lambda x, w: masked_conv(x, w, mask, cached, geom, impl="xla"), ~mask),
     }
     for name, (fn, fresh) in paths.items():
         names = {e.primitive.name for e in all_eqns(jax.make_jaxpr(fn)(x, w).jaxpr)}
@@ -366,15 +377,15 @@ def test_a_sum_of_taps_accumulates_low_precision_inputs_in_float32() -> None:
     as XLA's convolution does, so both agree to bfloat16's rounding of the output."""
     from dcjax.kernels.xla import dense_conv
 
-    kw = dict(strides=(1, 1), padding=((1, 1), (1, 1)))
+    geom = ConvGeometry(strides=(1, 1), padding=((1, 1), (1, 1)))
     rng = np.random.default_rng(7)
     x = jnp.asarray(rng.normal(size=(1, 12, 12, 3)), jnp.bfloat16)
     w = jnp.asarray(rng.normal(size=(3, 3, 3, 16)), jnp.bfloat16)
-    p = plan(x.shape, w.shape, **kw)
+    p = plan(x.shape, w.shape, geom)
     out = jax.jit(lambda x, w: dense_conv(x, w, p))(x, w)
     assert out.dtype == jnp.bfloat16
     exact = jax.lax.conv_general_dilated(
-        x.astype(jnp.float32), w.astype(jnp.float32), (1, 1), kw["padding"],
+        x.astype(jnp.float32), w.astype(jnp.float32), (1, 1), geom.padding,
         dimension_numbers=("NHWC", "HWIO", "NHWC"), precision="highest",
     )  # fmt: skip
     err = np.abs(np.asarray(out, np.float32) - np.asarray(exact))
@@ -388,10 +399,10 @@ def test_the_dirty_tile_list_is_built_inside_the_sparse_path() -> None:
     outside the loops yields an integer array of the plan's capacity."""
     x = np.ones((1, 16, 16, 3), np.float32)
     w = np.ones((3, 3, 3, 4), np.float32)
-    kw = dict(strides=(1, 1), padding="SAME")
-    p = plan(x.shape, w.shape, **kw)
+    geom = ConvGeometry(strides=(1, 1), padding="SAME")
+    p = plan(x.shape, w.shape, geom)
 
     def f(x, m, c):
-        return masked_conv(x, w, m, c, impl="xla", **kw)
+        return masked_conv(x, w, m, c, geom, impl="xla")
 
     check_list_built_in_loops(f, x, 4, p.capacity)

@@ -308,12 +308,14 @@ def test_layers_computed_densely_are_not_refined(kernel):
 
 
 def test_refined_spatial_layers_use_pixel_rows_under_auto():
-    from dcjax.kernels import auto, tiles
+    from dcjax.kernels import ConvGeometry, auto, tiles
 
-    p = tiles.plan((1, 227, 227, 3), (11, 11, 3, 96), strides=(4, 4), padding="VALID")
+    p = tiles.plan((1, 227, 227, 3), (11, 11, 3, 96), ConvGeometry(strides=(4, 4), padding="VALID"))
     assert auto.choose(p, "cpu") == ("xla", None)  # too few channels for rows unless scattered
     assert auto.choose(p, "cpu", scattered=True) == ("rows", None)
-    grouped = tiles.plan((1, 56, 56, 64), (3, 3, 1, 64), strides=(1, 1), padding="SAME", groups=64)
+    grouped = tiles.plan(
+        (1, 56, 56, 64), (3, 3, 1, 64), ConvGeometry(strides=(1, 1), padding="SAME", groups=64)
+    )
     assert auto.choose(grouped, "cpu", scattered=True)[0] in ("xla", "dense")
 
 
