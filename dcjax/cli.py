@@ -564,7 +564,8 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import numpy as np
 
     from dcjax import models, video
-    from dcjax.eval import bench, harness, plots, report
+    from dcjax.bench import evaluation as bench
+    from dcjax.eval import harness, plots, report
 
     fps = video.info(path).fps or 10.0
     spec, pretrained = _load_spec(args.model, pretrained=not args.no_pretrained,
@@ -634,7 +635,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     _check_output(sub, "--json", args.json)
     _check_output(sub, "--out", args.out, "video")
     from dcjax import video
-    from dcjax.eval import bench, harness
+    from dcjax.bench import evaluation as bench
+    from dcjax.eval import harness
 
     fps = video.info(path).fps or 10.0
     spec, _ = _load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=fps)
@@ -728,7 +730,8 @@ def _annotate(frames, masks):
 
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     sub = _subparser(parser, "bench")
-    from dcjax.eval import bench, report
+    from dcjax.bench import evaluation as bench
+    from dcjax.eval import report
 
     model_names = args.models or [*bench.PAPER_MODELS, "efficientnet_lite0"]
     for m in model_names:

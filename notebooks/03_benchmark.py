@@ -31,7 +31,8 @@ import matplotlib.pyplot as plt  # noqa: F401  (selects the inline backend in Ju
 from IPython.display import display
 
 # %%
-from dcjax.eval import bench, plots, report
+from dcjax.bench import evaluation as bench
+from dcjax.eval import plots, report
 
 MODELS = os.environ.get("DCJAX_NB_MODELS", "alexnet").split()
 FRAMES = int(os.environ.get("DCJAX_NB_FRAMES", "40"))

@@ -145,7 +145,7 @@ def test_a_truncated_video_runs_on_the_frames_before_the_break(bad_videos, tmp_p
 
 
 def test_interrupting_a_bench_keeps_its_records_and_exits_130(tmp_path, monkeypatch, capsys):
-    from dcjax.eval import bench
+    from dcjax.bench import evaluation as bench
 
     def interrupted(*args, on_record, **kwargs):
         on_record({"model": "dave", "method": "nocache"})

@@ -14,7 +14,7 @@
   report (imported on demand, they need matplotlib).
 """
 
-from dcjax.eval import bench, harness, methods, metrics
+from dcjax.eval import harness, methods, metrics
 from dcjax.eval.harness import Evaluation, evaluate, load_frames, model_spec
 from dcjax.eval.methods import METHODS, ModelSpec, Runner, register_method
 from dcjax.eval.metrics import check_record, make_record
@@ -24,7 +24,6 @@ __all__ = [
     "Evaluation",
     "ModelSpec",
     "Runner",
-    "bench",
     "check_record",
     "evaluate",
     "harness",

@@ -223,8 +223,9 @@ _delta = _number("delta", lambda v: math.isfinite(v) and v >= 0, "a finite numbe
 def main(argv: Sequence[str] | None = None) -> None:
     """The command (see the module docstring); bad arguments exit with status 2."""
     from dcjax import models
+    from dcjax.bench import evaluation as bench
     from dcjax.cli import _load_clip, _message, _table
-    from dcjax.eval import bench, harness
+    from dcjax.eval import harness
 
     ap = argparse.ArgumentParser(prog="python -m dcjax.eval.ceiling", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip

@@ -654,4 +654,4 @@ from dcjax.eval import deepmon as _deepmon  # noqa: E402,F401
 from dcjax.eval import frame as _frame  # noqa: E402,F401
 from dcjax.eval import mil as _mil  # noqa: E402,F401
 from dcjax.eval import refine_methods as _refine  # noqa: E402,F401
-from dcjax.semantic import eval_methods as _semantic  # noqa: E402,F401
+from dcjax.eval import semantic_methods as _semantic  # noqa: E402,F401

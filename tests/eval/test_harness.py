@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dcjax.eval import bench, harness, methods, metrics
+from dcjax.bench import evaluation as bench
+from dcjax.eval import harness, methods, metrics
 
 
 @pytest.fixture(scope="module")

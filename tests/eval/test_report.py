@@ -8,7 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from dcjax.eval import bench, harness, plots, report
+from dcjax.bench import evaluation as bench
+from dcjax.eval import harness, plots, report
 
 
 @pytest.fixture(scope="module")

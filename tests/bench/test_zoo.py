@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dcjax.models import bench
+from dcjax.bench import zoo as bench
 
 
 def test_count_cost_on_known_ops():

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dcjax.kernels.bench import write_records
+from dcjax.bench.kernels import write_records
 from dcjax.kernels.matvec import delta_matvec, reference_delta_matvec
 
 __all__ = ["SHAPES", "FRACTIONS", "main", "run"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dcjax.eval import bench, harness
+from dcjax.bench import evaluation as bench
+from dcjax.eval import harness
 
 
 def test_add_profiles_puts_each_methods_layer_times_in_its_record(spec, clip):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dcjax.kernels import matvec_bench
+from dcjax.bench import matvec as matvec_bench
 
 
 def test_records_every_shape_and_fraction_with_checked_results(tmp_path, capsys):

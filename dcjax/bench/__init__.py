@@ -1,0 +1,1 @@
+"""Benchmark programs: ``dcjax bench PROGRAM ...``."""
