@@ -324,8 +324,8 @@ def _check_model(sub: argparse.ArgumentParser, arg: str, name: str) -> None:
 
 
 def _check_method(sub: argparse.ArgumentParser, arg: str, spec: str) -> None:
-    """The method's name and options, checked without a model (`methods.check_method`)."""
-    from dcjax.eval.methods import check_method
+    """The method's name and options, checked without a model (`registry.check_method`)."""
+    from dcjax.eval.registry import check_method
 
     with _method_errors(sub, arg, ValueError):
         check_method(spec)
@@ -335,8 +335,8 @@ def _check_method(sub: argparse.ArgumentParser, arg: str, spec: str) -> None:
 def _method_errors(sub: argparse.ArgumentParser, arg: str, kind: type | None = None):
     """A method spec's errors as a one-line error naming ``arg``, exit status 2:
     ``kind``, by default what a method refuses for this model
-    (`methods.MethodOptionError`, raised while building its runner)."""
-    from dcjax.eval.methods import MethodOptionError
+    (`registry.MethodOptionError`, raised while building its runner)."""
+    from dcjax.eval.registry import MethodOptionError
 
     caught = MethodOptionError if kind is None else kind
     try:
@@ -354,10 +354,9 @@ def _check_video(
     What is wrong is a one-line error naming ``arg`` (``--start`` for a start
     past the end), exit status 2."""
     from dcjax import video
-    from dcjax.eval.harness import resolve_video
 
     try:
-        resolved = resolve_video(path)
+        resolved = video.resolve(path)
     except FileNotFoundError as e:
         sub.error(f"argument {arg}: {e}")
     try:
@@ -674,14 +673,14 @@ def _profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     _check_output(sub, "--json", args.json)
     import json
 
-    from dcjax.eval import methods, profile
+    from dcjax.eval import profile, registry
 
     spec, _ = _load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=10.0)
     frames = _load_clip(path, spec.frame_shape, frames=args.frames, start=args.start)
     results = []
     for spec_text in _progress(args.methods, args.no_progress, f"profiling {args.model}"):
         with _method_errors(sub, "--methods"):
-            runner = methods.make_runner(spec, *methods.parse_method(spec_text))
+            runner = registry.make_runner(spec, *registry.parse_method(spec_text))
         runner = runner.timed() if runner.timed is not None else runner  # what bench times
         try:
             results.append((spec_text, profile.profile(runner, frames, warmup=_PROFILE_WARMUP)))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dcjax import cli, models, video
-from dcjax.eval import harness, metrics
+from dcjax.eval import metrics
 
 TINY = ["--model", "dave", "--width", "0.25", "--frames", "3", "--no-progress"]
 
@@ -82,7 +82,7 @@ def bad_videos(tmp_path_factory):
     video.write(d / "two.mp4", frames, fps=10)
     (d / "empty.mp4").write_bytes(b"")
     (d / "noise.mp4").write_bytes(np.random.default_rng(1).bytes(5000))
-    data = open(harness.resolve_video("vtest"), "rb").read()
+    data = open(video.resolve("vtest"), "rb").read()
     (d / "cut.mp4").write_bytes(data[: len(data) // 10])  # breaks after 9 frames
     (d / "cut_early.mp4").write_bytes(data[: len(data) // 50])  # before the first frame
     (d / "adir").mkdir()

@@ -208,7 +208,7 @@ def run_bench(
     Args:
         model_names: zoo models.
         videos: files FFmpeg reads, or bundled clip names.
-        methods: method specs (see `dcjax.eval.methods.parse_method`).
+        methods: method specs (see `dcjax.eval.registry.parse_method`).
         frames: frames per video.
         start: frames skipped at the start of every video.
         pretrained: True, False, or ``"auto"`` (real weights where the zoo has them).
@@ -233,7 +233,7 @@ def run_bench(
     variants = _variants(methods, thresholds, blocks, deltas)
     records: list[dict[str, Any]] = []
     matcher_rows: list[dict[str, Any]] = []
-    paths = {v: harness.resolve_video(v) for v in videos}
+    paths = {v: video.resolve(v) for v in videos}
     for name in model_names:
         spec_info = models.info(name)
         use_pretrained = spec_info.pretrained if pretrained == "auto" else bool(pretrained)

@@ -84,7 +84,7 @@ def run_benchmark(
 ) -> dict:
     """Run the benchmark and return the results as a dict (see module docstring)."""
     from dcjax import models
-    from dcjax.eval.methods import ModelSpec, make_runner
+    from dcjax.eval.registry import ModelSpec, make_runner
     from dcjax.semantic import memory_bytes
 
     module, variables = models.create(_MODEL, pretrained=True)

@@ -169,10 +169,10 @@ def best(records: Sequence[Mapping[str, Any]], target: float) -> Mapping[str, An
 
 
 def _output(out: Any) -> np.ndarray:
-    """One frame's output as the harness compares it (`harness._first_leaf`), in float64."""
-    from dcjax.eval.harness import _first_leaf
+    """One frame's output as the harness compares it (`harness.first_leaf`), in float64."""
+    from dcjax.eval.harness import first_leaf
 
-    return _first_leaf(out).astype(np.float64)
+    return first_leaf(out).astype(np.float64)
 
 
 def _layers_name(refine: RefineConfig | None) -> str | None:
@@ -222,7 +222,7 @@ _delta = _number("delta", lambda v: math.isfinite(v) and v >= 0, "a finite numbe
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The command (see the module docstring); bad arguments exit with status 2."""
-    from dcjax import models
+    from dcjax import models, video
     from dcjax.bench import evaluation as bench
     from dcjax.cli import _load_clip, _message, _table
     from dcjax.eval import harness
@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.width <= 0:
         ap.error(f"argument --width: must be positive, got {args.width}")
     try:
-        path = harness.resolve_video(args.video)
+        path = video.resolve(args.video)
     except FileNotFoundError as e:
         ap.error(f"argument --video: {e}")
     has_weights = models.info(args.model).pretrained

@@ -5,7 +5,7 @@
 
 1. the frames are decoded up front (decoding is not timed) and put on the
    device as uint8 ``(H, W, 3)`` arrays;
-2. every method is instantiated (`dcjax.eval.methods`) and warmed up on the
+2. every method is instantiated (`dcjax.eval.registry.make_runner`) and warmed up on the
    first frames from a fresh state, which compiles its step (the compile time
    is recorded, not counted); a method with a twin without per-layer
    statistics (`Runner.timed`: DeepCache's methods, whose statistics need
@@ -46,31 +46,18 @@ import numpy as np
 
 from dcjax import matching, models, video
 from dcjax.eval import metrics
-from dcjax.eval.methods import ModelSpec, Runner, make_runner, parse_method, state_bytes
+from dcjax.eval.methods import state_bytes
+from dcjax.eval.registry import ModelSpec, Runner, make_runner, parse_method
 
 __all__ = [
     "Evaluation",
     "evaluate",
+    "first_leaf",
     "input_masks",
     "load_frames",
     "model_spec",
-    "resolve_video",
     "zoo_table",
 ]
-
-
-def resolve_video(name_or_path: str) -> str:
-    """A bundled clip name (``vtest``, ``box``, ...) or a file path, as a path.
-
-    Raises:
-        FileNotFoundError: neither a bundled clip nor an existing file.
-    """
-    if os.path.exists(name_or_path):
-        return name_or_path
-    try:
-        return str(video.clip_path(name_or_path))
-    except Exception as e:
-        raise FileNotFoundError(f"no such video file or bundled clip: {name_or_path!r}") from e
 
 
 def load_frames(
@@ -97,7 +84,7 @@ def load_frames(
     h, w = int(frame_shape[0]), int(frame_shape[1])
     out: list[np.ndarray] = []
     try:
-        for frame in video.read(resolve_video(path), size=(h, w), max_frames=frames,
+        for frame in video.read(video.resolve(path), size=(h, w), max_frames=frames,
                                 start=start, mode=mode):  # fmt: skip
             out.append(frame)
     except video.TruncatedVideoError as e:
@@ -157,7 +144,9 @@ class Evaluation:
     outputs: dict[str, np.ndarray]
 
 
-def _first_leaf(out: Any) -> np.ndarray:
+def first_leaf(out: Any) -> np.ndarray:
+    """A step's output as the harness compares it: its one leaf as an array, or
+    every leaf flattened and concatenated."""
     leaves = jax.tree_util.tree_leaves(out)
     return (
         np.asarray(leaves[0])
@@ -291,7 +280,7 @@ def evaluate(
     for variant, runner in reporting.items():
         if runner is not runners[variant]:  # the statistics, from an untimed pass
             infos[variant] = _replay_infos(runner, dev_frames, progress, f"{variant} statistics")
-    stacked_out = {v: np.stack([_first_leaf(o) for o in outs[v]]) for v in runners}
+    stacked_out = {v: np.stack([first_leaf(o) for o in outs[v]]) for v in runners}
     stacked_info = {
         v: {k: np.stack([np.asarray(i[k]) for i in infos[v]]) for k in infos[v][0]} for v in runners
     }

@@ -37,8 +37,8 @@ import jax
 import jax.numpy as jnp
 
 from dcjax import kernels
-from dcjax.eval.methods import (
-    DEFAULT_KERNEL,
+from dcjax.eval.methods import DEFAULT_KERNEL
+from dcjax.eval.registry import (
     LayerFlops,
     ModelSpec,
     Runner,

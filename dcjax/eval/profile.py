@@ -71,7 +71,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from dcjax.eval.methods import Runner
+from dcjax.eval.registry import Runner
 
 __all__ = [
     "KINDS",
@@ -356,7 +356,7 @@ def profile(runner: Runner, frames: np.ndarray, *, warmup: int = 3) -> Profile:
     """Time ``runner``'s step over ``frames`` by group (see the module docstring).
 
     Args:
-        runner: a method instantiated for a model (`dcjax.eval.methods.make_runner`).
+        runner: a method instantiated for a model (`dcjax.eval.registry.make_runner`).
         frames: uint8 (T, H, W, 3); the first ``warmup`` are run untimed.
         warmup: frames that warm caches and the machine up first.
 

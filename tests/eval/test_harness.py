@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dcjax.bench import evaluation as bench
-from dcjax.eval import harness, methods, metrics
+from dcjax.eval import harness, metrics, registry
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_deepcache_is_timed_without_statistics_and_reports_them_from_a_second_pa
     and its outputs those of the timed steps."""
     timed = evaluation.runners["deepcache"]
     assert timed.config["statistics"] is False and timed.timed is None
-    reporting = methods.make_runner(spec, "deepcache", {})
+    reporting = registry.make_runner(spec, "deepcache", {})
     assert reporting.config["statistics"] is True and reporting.timed is not None
     state, outs, infos = reporting.init(), [], []
     for f in clip:
@@ -126,16 +126,10 @@ def test_input_masks(evaluation, clip):
     assert same[1].all()
 
 
-def test_resolve_video(tmp_path):
-    assert harness.resolve_video("vtest").endswith(".mp4")
-    with pytest.raises(FileNotFoundError, match="no such video"):
-        harness.resolve_video(str(tmp_path / "missing.mp4"))
-
-
 def test_load_frames_keeps_what_decoded_before_a_break(tmp_path):
     from dcjax import video
 
-    data = open(harness.resolve_video("vtest"), "rb").read()
+    data = open(video.resolve("vtest"), "rb").read()
     cut = tmp_path / "cut.mp4"
     cut.write_bytes(data[: len(data) // 10])  # breaks after 9 frames
     with pytest.raises(video.TruncatedVideoError):
