@@ -31,14 +31,14 @@ import matplotlib.pyplot as plt  # noqa: F401  (selects the inline backend in Ju
 from IPython.display import display
 
 # %%
-from dcjax.bench import evaluation as bench
+from dcjax.bench import evaluation
 from dcjax.eval import plots, report
 
 MODELS = os.environ.get("DCJAX_NB_MODELS", "alexnet").split()
 FRAMES = int(os.environ.get("DCJAX_NB_FRAMES", "40"))
 WIDTH = float(os.environ.get("DCJAX_NB_WIDTH", "1.0"))
 
-records, matcher_rows = bench.run_bench(
+records, matcher_rows = evaluation.run_bench(
     MODELS,
     ["vtest"],
     ["nocache", "deepcache", "deepmon", "mil", "frame"],

@@ -6,8 +6,8 @@ decodes the frames at the model's input size and calls
 variants for the threshold and block-size sweeps, refinement variants for the
 ``delta`` sweep), collecting one record per
 (model, video, method variant). `compare_matchers` times each frame matcher
-alone on consecutive frames (DeepCache's Table 4). `write_json` writes records
-as the JSON list the issue specifies. With ``profile=True`` every method is
+alone on consecutive frames (DeepCache's Table 4). The command writes the
+records as a JSON list (`dcjax.bench.common.write_json`). With ``profile=True`` every method is
 also timed layer by layer on the same frames (`dcjax.eval.profile`, what
 ``dcjax profile`` prints): each record gains ``profile`` (``frames``,
 ``wall_ms``, ``total_ms``, ms a frame per ``groups`` and per ``kinds`` of
@@ -21,8 +21,6 @@ Benchmarks are commands, not tests: the timings come from here only.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -44,7 +42,6 @@ __all__ = [
     "add_profiles",
     "compare_matchers",
     "run_bench",
-    "write_json",
 ]
 
 #: The DeepCache paper's five models (REC_1, REC_2, REC_3, DET, DRV).
@@ -53,13 +50,6 @@ DEFAULT_METHODS = ("nocache", "deepcache", "deepmon", "mil", "frame")
 DEFAULT_MATCHERS = ("static", "diamond", "three_step", "exhaustive", "histogram")
 #: Frames `run_bench(profile=True)` runs untimed before it profiles a method.
 PROFILE_WARMUP = 3
-
-
-def write_json(path: str, records: Sequence[Mapping[str, Any]]) -> None:
-    """Write ``records`` as an indented JSON list (directories created)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(list(records), f, indent=1)
 
 
 def compare_matchers(

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dcjax.bench import evaluation as bench
+from dcjax.bench.common import write_json
 from dcjax.eval import harness, metrics, registry
 
 
@@ -111,7 +111,7 @@ def test_wrong_frame_shape_is_an_error(spec, clip):
 
 def test_json_round_trip(evaluation, tmp_path):
     path = tmp_path / "sub" / "out.json"
-    bench.write_json(str(path), evaluation.records)
+    write_json(str(path), evaluation.records)
     loaded = json.loads(path.read_text())
     assert [r["variant"] for r in loaded] == ["nocache", "deepcache", "frame"]
     for r in loaded:

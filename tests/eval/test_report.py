@@ -8,13 +8,13 @@ import re
 import numpy as np
 import pytest
 
-from dcjax.bench import evaluation as bench
+from dcjax.bench import evaluation
 from dcjax.eval import harness, plots, report
 
 
 @pytest.fixture(scope="module")
 def bench_result():
-    return bench.run_bench(["dave"], ["vtest"], ["nocache", "deepcache", "deepmon"], frames=3,
+    return evaluation.run_bench(["dave"], ["vtest"], ["nocache", "deepcache", "deepmon"], frames=3,
                            width=0.25, thresholds=[20, 30], blocks=[20], deltas=[0.05, 0.2],
                            matchers=["static",
                            "histogram"], progress=False)  # fmt: skip
