@@ -33,7 +33,7 @@ writes each record to its JSON as it comes, says how many are there, and with
 Compiled programs are kept between runs in JAX's persistent compilation cache
 (`compilation_cache_dir`): a cached step takes far longer to compile than the
 plain model, and a second run with the same model, method and shapes loads
-it instead (see docs/notes/bench.md, "The command keeps compiled steps
+it instead (see docs/performance-notes.md, "The command keeps compiled steps
 between runs").
 
 Modules: `dcjax.cli.app` (the parser and `main`), `dcjax.cli.subcommands`

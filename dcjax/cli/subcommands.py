@@ -136,7 +136,6 @@ def demo_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import numpy as np
 
     from dcjax import models, video
-    from dcjax.bench import evaluation as bench
     from dcjax.eval import harness, plots, report
 
     fps = video.info(path).fps or 10.0
@@ -187,7 +186,7 @@ def demo_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         picks = [int(i) for i in np.linspace(1, len(frames) - 1, 6).round()]
         figures["reuse_masks"] = plots.mask_strip(frames, masks, picks)
     figures["timeline"] = plots.timeline(ev.latencies_ms, ev.infos)
-    bench.write_json(os.path.join(args.out, "metrics.json"), ev.records)
+    common.write_json(os.path.join(args.out, "metrics.json"), ev.records)
     html_path = os.path.join(args.out, "report.html")
     report.write_report(
         html_path, ev.records, figures=figures,
@@ -206,7 +205,6 @@ def run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     common.check_output(sub, "--json", args.json)
     common.check_output(sub, "--out", args.out, "video")
     from dcjax import video
-    from dcjax.bench import evaluation as bench
     from dcjax.eval import harness
 
     fps = video.info(path).fps or 10.0
@@ -220,7 +218,7 @@ def run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                               progress=not args.no_progress)  # fmt: skip
     print(common.table(_short_rows(ev.records)))
     if args.json:
-        bench.write_json(args.json, ev.records)
+        common.write_json(args.json, ev.records)
         print(f"wrote {args.json}")
     if args.out:
         runner = ev.runners[args.method]

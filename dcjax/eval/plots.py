@@ -10,7 +10,7 @@ Every function takes records (`dcjax.eval.metrics`) and returns a
 - `pareto`: speedup against top-1 agreement of every variant of the reuse
   methods, with each method's Pareto front (the ``delta`` sweep of refinement);
 - `matchers`: match ratio and matching time of each matcher (Table 4), from
-  `dcjax.eval.bench.compare_matchers` rows;
+  `dcjax.bench.evaluation.compare_matchers` rows;
 - `cache_memory`: cache bytes per model and method (Figure 18);
 - `timeline`: per-frame latency and FLOPs ratio of an `Evaluation`;
 - `mask_strip`: frames with the reuse mask drawn over them.

@@ -5,7 +5,7 @@ of the records, plus any extra figures, into PNG files next to the HTML
 (``<name>.png`` in the report's directory) and writes ``path``: a summary
 table (speedup, ideal, efficiency, agreement, match ratio, refreshes, cache),
 a per-layer table per (model, video, method), where the records were profiled
-(`dcjax.eval.bench.add_profiles`) a table per (model, video) of where each
+(`dcjax.bench.evaluation.add_profiles`) a table per (model, video) of where each
 method's time went, layer by layer, and every plot embedded as a base64 PNG
 that links to its file. The HTML needs nothing else to display.
 """
@@ -177,7 +177,7 @@ def write_report(
         title: page title.
         intro: an HTML-escaped paragraph under the title.
         figures: extra figures (or PNG bytes) by name, shown first.
-        matcher_rows: rows of `dcjax.eval.bench.compare_matchers`.
+        matcher_rows: rows of `dcjax.bench.evaluation.compare_matchers`.
 
     Returns:
         name -> PNG path of every plot written.
