@@ -1,18 +1,38 @@
 """dcjax: reuse CNN work across video frames (DeepCache for JAX).
 
-Public API:
+What users call:
 
-- `dcjax.deepcache`: ``transform``, ``Config``, ``RefineConfig``,
-  ``SemanticConfig``, ``Match``, ``CachedModel``, ``CacheState``.
-- `dcjax.exit_point`: mark a semantic exit point in a plain JAX function.
-- Subpackages: `dcjax.matching` (block matchers), `dcjax.kernels` (masked
-  sparse convolution), `dcjax.models` (Flax model zoo), `dcjax.video` (video
-  I/O and bundled clips), `dcjax.semantic` (SMTM memory), `dcjax.eval`
-  (benchmark harness and baselines).
+- `transform(model, variables, frame_shape=..., config=...)`: compile a Flax
+  model or a function ``fn(variables, x)`` into a `CachedModel` whose jitted
+  ``step(state, frame)`` recomputes only what changed since the last frame;
+- `Config`, `RefineConfig`, `SemanticConfig`: the settings (frozen, validated);
+- `Match`: a known match (motion and reuse mask) to pass to ``step``;
+- `CachedModel`, `CacheState`: the compiled model and its per-stream state;
+- `exit_point`: mark a semantic exit point in a plain JAX function.
+
+Subpackages: `dcjax.matching` (block matchers), `dcjax.transforms` (the jaxpr
+passes), `dcjax.kernels` (masked sparse convolution), `dcjax.models` (Flax
+model zoo), `dcjax.video` (video I/O and bundled clips), `dcjax.semantic` (SMTM
+memory), `dcjax.eval` (the measuring harness and baselines), `dcjax.bench`
+(benchmark programs). The contract is docs/design.md.
 """
 
 __version__ = "0.1.0"
 
-from dcjax.transforms.exits import exit_point  # noqa: E402  (semantic exit marks)
+from dcjax.config import Config, RefineConfig, SemanticConfig  # noqa: E402
+from dcjax.deepcache import CachedModel, transform  # noqa: E402
+from dcjax.matching import Match  # noqa: E402
+from dcjax.state import CacheState  # noqa: E402
+from dcjax.transforms.exits import exit_point  # noqa: E402
 
-__all__ = ["__version__", "exit_point"]
+__all__ = [
+    "CacheState",
+    "CachedModel",
+    "Config",
+    "Match",
+    "RefineConfig",
+    "SemanticConfig",
+    "__version__",
+    "exit_point",
+    "transform",
+]

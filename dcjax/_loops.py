@@ -16,6 +16,11 @@ Contract:
   whose bit j is set in ``units``, so a kernel runs at most J + 1 steps of
   static sizes and pads less than one ``smallest`` step. `halving_schedule`
   turns a dynamic count into ``(dense, units)`` for those steps.
+- `shifted(a, dy, dx, axes)` returns ``a`` rolled so that ``out[i, j] =
+  a[i + dy, j + dx]`` along ``axes`` (wrapping: callers mask what leaves the
+  map); a zero shift returns ``a`` untouched, the roll sitting in a loop of
+  zero or one trip (on CPU), so a cache shifted by a still camera keeps its
+  buffer and is updated in place by the kernels.
 - `skipping_pays()` says whether such data-dependent skipping is worth it on
   the default backend. On CPU it is. On GPU a loop with a dynamic trip count
   copies its predicate to the host at every test (and a conditional once),
@@ -43,7 +48,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["halving_schedule", "halving_sizes", "pinned", "run_if", "skipping_pays"]
+__all__ = ["halving_schedule", "halving_sizes", "pinned", "run_if", "shifted", "skipping_pays"]
 
 
 def pinned(operands: Any, i: jax.Array) -> Any:
@@ -82,3 +87,17 @@ def halving_schedule(
 def skipping_pays() -> bool:
     """Whether data-dependent loops and conditionals pay on the default backend."""
     return jax.default_backend() == "cpu"
+
+
+def shifted(a: jax.Array, dy: jax.Array, dx: jax.Array, axes: tuple[int, int]) -> jax.Array:
+    """``out[i, j] = a[i + dy, j + dx]`` along ``axes``, wrapping (see above).
+
+    On CPU the roll runs in a loop of zero trips when the shift is zero: a
+    ``lax.cond`` with an identity branch would copy ``a`` into its result
+    buffer (XLA:CPU copies a conditional's pass-through operand), where a loop
+    carry keeps it. Off CPU the roll runs unconditionally (`skipping_pays`).
+    """
+    if not skipping_pays():  # on GPU a roll costs less than the loop's test
+        return jnp.roll(a, (-dy, -dx), axis=axes)
+    moved = ((dy != 0) | (dx != 0)).astype(jnp.int32)
+    return lax.fori_loop(0, moved, lambda _, a: jnp.roll(a, (-dy, -dx), axis=axes), a)

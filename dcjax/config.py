@@ -1,21 +1,26 @@
 """Frozen, keyword-only configuration dataclasses for every dcjax knob.
 
-Every field is validated on construction so that a bad value fails where it is
-written, with a message that names the field and the fix.
+Every field is validated on construction, cross-field rules included, so that a
+bad value fails where it is written, with a message that names the field and
+the fix. The option lists come from the subsystems that own them:
+`dcjax.kernels.IMPLS` (``kernel``), `dcjax.matching.MATCHERS` (``matcher``,
+each with its typed options), `dcjax.matching.KEYS` (``key``),
+`dcjax.matching.COLORS` (``color``), `dcjax.transforms.motion.ALIGNMENTS`
+(``alignment``) and `dcjax.transforms.refine.METRICS` (``RefineConfig.metric``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from typing import Any
 
-ALIGNMENTS = ("exact", "round")
-KEYS = ("reference", "previous")
-KERNELS = ("auto", "reference", "dense", "xla", "rows", "pallas")
-MATCHERS = ("static", "diamond", "three_step", "exhaustive", "histogram", "none")
-REFINE_METRICS = ("max_abs", "rms")
+from dcjax.kernels import IMPLS
+from dcjax.matching.matcher import COLORS, KEYS, MATCHERS, matcher_options
+from dcjax.transforms.motion import ALIGNMENTS
+from dcjax.transforms.refine import METRICS
+
+__all__ = ["Config", "RefineConfig", "SemanticConfig"]
 
 
 def _check(cond: bool, message: str) -> None:
@@ -127,8 +132,8 @@ class RefineConfig:
             f"RefineConfig.delta must be a finite number >= 0, got {self.delta!r}",
         )
         _check(
-            self.metric in REFINE_METRICS,
-            f"RefineConfig.metric must be one of {REFINE_METRICS}, got {self.metric!r}",
+            self.metric in METRICS,
+            f"RefineConfig.metric must be one of {METRICS}, got {self.metric!r}",
         )
         _check(
             self.layers in ("auto", "all")
@@ -147,14 +152,15 @@ class Config:
         psnr_threshold: a block is reusable when its PSNR (dB) against the
             key frame (see ``key``) at the global motion is above this.
             ``inf`` never reuses.
-        key: what the matcher compares each frame with. ``"reference"`` (the
-            default): the pixels the caches were computed from, i.e. the
-            previous key shifted by the motion where the frame was reused and
-            the frame itself elsewhere; every reused block is then within the
-            threshold of the pixels its cached features come from, however
-            many frames it has been reused for. ``"previous"``: the previous
-            frame, as in the paper, where a slow change that passes the test
-            frame after frame accumulates in the caches until the next refresh.
+        key: what the matcher compares each frame with (`dcjax.matching.KEYS`).
+            ``"reference"`` (the default): the pixels the caches were computed
+            from, i.e. the previous key shifted by the motion where the frame
+            was reused and the frame itself elsewhere; every reused block is
+            then within the threshold of the pixels its cached features come
+            from, however many frames it has been reused for. ``"previous"``:
+            the previous frame, as in the paper, where a slow change that
+            passes the test frame after frame accumulates in the caches until
+            the next refresh.
         refresh_every: recompute everything every this many frames (the first
             frame always is); ``None`` refreshes only on scene cuts.
         min_match: when fewer than this fraction of blocks match (scene cut,
@@ -162,108 +168,82 @@ class Config:
         alignment: ``"exact"`` reuses a layer only when the motion divided by
             the layer's cumulative stride is an integer (results equal a full
             recompute); ``"round"`` rounds the shift, as the paper does.
-        kernel: sparse-update implementation of reused convolutions (see
-            `dcjax.kernels.masked_conv`): ``"auto"`` (the measured fastest per
-            backend and layer), ``"xla"`` (tile gather, batched convolution,
-            scatter), ``"rows"`` (dirty pixels as matrix rows, one matmul;
-            depthwise and many-group layers use ``"xla"``), ``"pallas"``
-            (interpreted on CPU), ``"dense"`` (compute everything, no select)
-            or ``"reference"`` (dense then select: the oracle).
-        matcher: ``"diamond"`` (the default: diamond search, DeepCache Section 4),
-            ``"static"`` (same-position blocks),
-            ``"three_step"``, ``"exhaustive"``, ``"histogram"`` (DeepMon), or
-            ``"none"`` (no input reuse: with ``refine`` a DeltaCNN-like
-            baseline).
-        matcher_options: extra keyword arguments for the matcher. The motion
-            searches run with ``prejudge=True`` unless given here: after a
-            frame without motion, when more than half of the blocks pass the
-            threshold at the zero vector, nothing is searched
-            (`dcjax.matching.block`, "Zero-motion prejudgement");
-            ``{"prejudge": False}`` searches every frame, as the paper does.
+        kernel: sparse-update implementation of reused convolutions, one of
+            `dcjax.kernels.IMPLS` (see `dcjax.kernels.masked_conv`):
+            ``"auto"`` (chosen per backend and layer, `dcjax.kernels.auto`),
+            ``"xla"`` (tile gather, batched convolution, scatter), ``"rows"``
+            (dirty pixels as matrix rows, one matmul; depthwise and
+            many-group layers use ``"xla"``), ``"pallas"`` (the Pallas kernel
+            of the backend; interpreted on CPU), ``"pallas_gpu"``,
+            ``"pallas_tpu"``, ``"dense"`` (compute everything, no select) or
+            ``"reference"`` (dense then select: the oracle).
+        matcher: one of `dcjax.matching.MATCHERS`: ``"diamond"`` (the
+            default: diamond search, DeepCache Section 4), ``"static"``
+            (same-position blocks), ``"three_step"``, ``"exhaustive"``,
+            ``"histogram"`` (DeepMon), or ``"none"`` (no input reuse: with
+            ``refine`` a DeltaCNN-like baseline).
+        matcher_options: the matcher's options: a mapping, turned into its
+            typed record on construction (`dcjax.matching.matcher_options`:
+            `SearchOptions` for the motion searches, `HistogramOptions`), or
+            the record itself. The motion searches default to
+            ``prejudge=True`` (`dcjax.matching.block`, "Zero-motion
+            prejudgement"); ``{"prejudge": False}`` searches every frame, as
+            the paper does.
         color: ``"luma"`` or ``"rgb"``: which planes the matcher's PSNR uses.
         data_range: peak value for PSNR; default 255 for integer frames and
             1.0 for float frames.
-        reuse_ops: names of the primitives whose outputs are cached and reused.
         semantic: semantic-memory early exits (`SemanticConfig`); ``None`` (the
             default) disables them.
         refine: bounded-error refinement of reuse masks inside the network
-            (`RefineConfig`); ``None`` (the default) is plain DeepCache.
+            (`RefineConfig`); ``None`` (the default) is plain DeepCache. Not
+            with ``semantic`` yet.
         fuse_epilogues: cache each reused convolution together with the
             per-channel elementwise chain after it (batch norm, bias,
-            activation), so that reused pixels skip that chain too and no
-            separate pass over the map is left for it (see
-            `dcjax.kernels.Epilogue`). Not with the Pallas TPU kernel or
-            semantic exits, where it is off whatever this says.
+            activation, a residual add), so that reused pixels skip that
+            chain too and no separate pass over the map is left for it (see
+            `dcjax.kernels.Epilogue`). Off whatever this says with the Pallas
+            TPU kernel or semantic exits.
         fuse_blocks: compute each inverted-residual block (1x1 expansion,
             depthwise, 1x1 projection) on dirty output tiles as one, caching
             only the projection (`dcjax.kernels.chain`), on CPU where its map
             is large enough (`dcjax.kernels.chain.chain_pays`); other layers
             as ``kernel`` says. Needs ``kernel="auto"`` and
             ``fuse_epilogues``, and is not combined with ``refine`` or
-            ``semantic``. Off by default: on the pretrained EfficientNet-Lite0
-            over vtest it ran the cached step 0.5-0.75 ms a frame faster
-            (level with no cache instead of 0.92-0.95x), because its first
-            blocks, whose layers otherwise run in full on CPU, then skip what
-            they reuse; but reused block outputs flip its near-tied top-1 on
-            a few frames: agreement with no cache 95 % over the demo's 80
-            frames and 96.7 % over 30 (100 % without), 63 % over box's 30
-            (80 %). The step's ``flops_ratio`` counts a chain's layers by
-            their own masks; the chain computes more (each dirty tile's
-            window with its halo, everything on its dense path).
+            ``semantic``. Off by default: reused block outputs cost top-1
+            agreement on near-tied classifiers (docs/performance-notes.md).
+            The step's ``flops_ratio`` counts a chain's layers by their own
+            masks; the chain computes more (each dirty tile's window with its
+            halo).
         skip_unchanged: when every input pixel is reusable and the motion is
             zero (a still scene), return the previous output and keep every
-            cache as it is, without running the network: every layer's mask is
-            then all reusable, and a reusable output may take its cached value
-            (the kernels' contract), so the result is DeepCache's. It saves
-            the work DeepCache cannot skip layer by layer (small layers
-            computed densely, pooling, normalisation, fully connected layers).
-            Not with semantic exits, nor for a model with primitives the
-            analysis does not cover. On every backend: on GPU the skip is the
-            step's one loop with a data-dependent trip count (its predicate
-            goes to the host once a frame), which a whole network pays for. On
-            by default: a still scene then costs the matcher and little else
-            (the still opening of box on CPU: AlexNet 1.65x -> 13.8x,
-            EfficientNet-Lite0 1.13x -> 5.9x, GoogLeNet 2.3x -> 13x over no
-            cache; on an H200 ResNet-50 0.74x -> 1.45x, EfficientNet-Lite0
-            0.70x -> 1.52x), while the step, which then runs inside a loop,
-            took 0-3 % longer on the moving frames of vtest on CPU and, in
-            two runs on the H200 with the Pallas kernel, 11-14 % longer on
-            AlexNet, 3-6 % shorter on EfficientNet-Lite0 and 1-7 % shorter on
-            ResNet-50 (README).
-        dense_updates: update each large fully connected layer by the
-            weight rows of the inputs that changed since the last frame
-            (``x != x_ref``, `dcjax.kernels.matvec`) instead of multiplying
-            its whole weight matrix again. Exact reuse: the result equals the
-            full product up to the float32 rounding of the updates added
-            since the last full product, which every refresh and every frame
-            with more than `dcjax.transforms.refine.DENSE_FRACTION` of the
-            inputs changed recompute. An input element is unchanged where the
-            layers before it reused it, or where a ReLU gives zero on both
-            frames. The layers are those ``RefineConfig(layers="auto")``
-            refines (at least 4 Mi weights and 16 outputs: AlexNet's ``fc6``
-            and ``fc7`` and YOLO-tiny's ``detection``, not the classifier heads
-            behind a global pooling). On CPU only (on GPU and TPU the
-            masked product would cost the full one), and not with semantic
-            exits. With ``refine`` the refined layers count these elements
-            as unchanged too, so that ``RefineConfig(delta=0)`` is plain
-            DeepCache. On by default: AlexNet over vtest (30 frames, paired)
-            took 19.6 ms a frame against 21.0 without (no cache 24.6), with
-            27 % of ``fc6``'s and 43 % of ``fc7``'s inputs unchanged and the
-            output within 7e-6 (relative) of the full products'.
+            cache as it is, without running the network: every layer's mask
+            is then all reusable, and a reusable output may take its cached
+            value (the kernels' contract), so the result is DeepCache's. It
+            saves the work DeepCache cannot skip layer by layer (small layers
+            computed densely, pooling, normalisation, fully connected
+            layers). Not with semantic exits, nor for a model with primitives
+            the analysis does not cover. On by default, on every backend.
+        dense_updates: update each large fully connected layer by the weight
+            rows of the inputs that changed since the last frame (``x !=
+            x_ref``, `dcjax.kernels.matvec`) instead of multiplying its whole
+            weight matrix again. Exact reuse: the result equals the full
+            product up to the float32 rounding of the updates added since the
+            last full product, which every refresh and every frame with more
+            than `dcjax.transforms.refine.DENSE_FRACTION` of the inputs
+            changed recompute. The layers are those ``RefineConfig(layers=
+            "auto")`` refines (`dcjax.transforms.refine.auto_dense`). On CPU
+            only (on GPU and TPU the masked product would cost the full one),
+            and not with semantic exits. With ``refine`` the refined layers
+            count these elements as unchanged too, so that
+            ``RefineConfig(delta=0)`` is plain DeepCache.
         statistics: report each layer's reuse fraction and the frame's FLOP
             ratio in the step's ``info`` (the default). They need every
-            layer's reuse mask, which a layer computed in full (small layers
-            under ``kernel="auto"`` on CPU) does not otherwise use, and their
-            propagation is work the step does for the report alone: on
-            EfficientNet-Lite0, where every layer is computed in full on CPU,
-            0.29 ms of its 0.78 ms a frame over no cache (vtest, 120 frames
-            paired frame by frame). With ``False``, ``info["reuse_fraction"]`` and
+            layer's reuse mask, which a layer computed in full does not
+            otherwise use, so their propagation is work the step does for the
+            report alone. With ``False``, ``info["reuse_fraction"]`` and
             ``info["flops_ratio"]`` are NaN except on still frames (skipped:
-            every layer reused, nothing computed); outputs and caches are
-            the same. The evaluation harness times steps without statistics
-            and takes the statistics from a second, untimed pass over the
-            same frames, whatever this says. Semantic exits always report
-            them.
+            every layer reused, nothing computed); outputs and caches are the
+            same. Semantic exits always report them.
     """
 
     block_size: int = 10
@@ -274,10 +254,9 @@ class Config:
     alignment: str = "exact"
     kernel: str = "auto"
     matcher: str = "diamond"
-    matcher_options: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+    matcher_options: Any = None
     color: str = "luma"
     data_range: float | None = None
-    reuse_ops: tuple[str, ...] = ("conv_general_dilated",)
     semantic: SemanticConfig | None = None
     refine: RefineConfig | None = None
     fuse_epilogues: bool = True
@@ -310,24 +289,27 @@ class Config:
         )
         _check(self.key in KEYS, f"Config.key must be one of {KEYS}, got {self.key!r}")
         _check(
-            self.kernel in KERNELS,
-            f"Config.kernel must be one of {KERNELS}, got {self.kernel!r}",
+            self.kernel in IMPLS,
+            f"Config.kernel must be one of {IMPLS}, got {self.kernel!r}",
         )
         _check(
             self.matcher in MATCHERS,
-            f"Config.matcher must be one of {MATCHERS}, got {self.matcher!r}",
+            f"Config.matcher must be one of {tuple(MATCHERS)}, got {self.matcher!r}",
         )
+        try:
+            options = matcher_options(self.matcher, self.matcher_options)
+        except (TypeError, ValueError) as e:
+            raise ValueError(
+                f"dcjax: Config.matcher_options: {str(e).removeprefix('dcjax: ')}"
+            ) from None
+        object.__setattr__(self, "matcher_options", options)
         _check(
-            self.color in ("luma", "rgb"),
-            f"Config.color must be 'luma' or 'rgb', got {self.color!r}",
+            self.color in COLORS,
+            f"Config.color must be one of {COLORS}, got {self.color!r}",
         )
         _check(
             self.data_range is None or self.data_range > 0,
             f"Config.data_range must be positive or None, got {self.data_range!r}",
-        )
-        _check(
-            isinstance(self.reuse_ops, tuple) and all(isinstance(n, str) for n in self.reuse_ops),
-            f"Config.reuse_ops must be a tuple of primitive names, got {self.reuse_ops!r}",
         )
         _check(
             self.semantic is None or isinstance(self.semantic, SemanticConfig),
@@ -355,4 +337,8 @@ class Config:
         _check(
             self.refine is None or isinstance(self.refine, RefineConfig),
             f"Config.refine must be a RefineConfig or None, got {self.refine!r}",
+        )
+        _check(
+            self.refine is None or self.semantic is None,
+            "Config.refine and Config.semantic cannot be combined yet; use one of them",
         )

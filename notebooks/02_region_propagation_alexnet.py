@@ -33,8 +33,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from dcjax import matching, models, video
-from dcjax.transforms.interpreter import FrameContext, propagate_masks
-from dcjax.transforms.signatures import Spatial, analyze
+from dcjax.transforms.analysis import analyze
+from dcjax.transforms.interpreter import propagate_masks
+from dcjax.transforms.motion import FrameContext
+from dcjax.transforms.spatial import Spatial
 from dcjax.transforms.trace import trace_model
 
 WIDTH = float(os.environ.get("DCJAX_NB_WIDTH", "1.0"))

@@ -14,6 +14,7 @@ from skimage import data, transform
 
 from dcjax import deepcache
 from dcjax.kernels import plan
+from dcjax.step import mean_of_masks
 from tests.kernels._strategies import all_eqns
 from tests.transforms import small_models
 
@@ -357,8 +358,8 @@ def test_chains_under_vmap_match_single_streams():
         np.testing.assert_array_equal(info["reuse_fraction"][i], single_info["reuse_fraction"])
     if jax.default_backend() != "cpu":
         return
-    assert cached._chains
-    tail = max(cached._chains.values())[2]
+    assert cached.plan.chains
+    tail = max(cached.plan.chains.values())[2]
     assert np.all((0 < info["reuse_fraction"][:, tail]) & (info["reuse_fraction"][:, tail] < 1))
 
 
@@ -583,21 +584,21 @@ def test_inverted_residual_chains_are_computed_as_one():
     module, variables, ref = _model("mobilenet")
     cached = _cached("mobilenet", deepcache.Config(fuse_blocks=True, refresh_every=100))
     per_layer = _cached("mobilenet", deepcache.Config(kernel="xla", refresh_every=100))
-    assert not _cached("mobilenet", deepcache.Config())._chains  # off by default
+    assert not _cached("mobilenet", deepcache.Config()).plan.chains  # off by default
     for bad in (dict(kernel="xla"), dict(fuse_epilogues=False),
                 dict(refine=deepcache.RefineConfig())):  # fmt: skip
         with pytest.raises(ValueError, match="fuse_blocks"):
             deepcache.Config(fuse_blocks=True, **bad)
     names = [layer.name for layer in cached.layers]
     if jax.default_backend() != "cpu":
-        assert not cached._chains
+        assert not cached.plan.chains
         return
     chain = tuple(i for i, n in enumerate(names) if "InvertedResidual" in n)
-    assert len(chain) == 3 and {cached._chains[i] for i in chain} == {chain}
+    assert len(chain) == 3 and {cached.plan.chains[i] for i in chain} == {chain}
     assert [cached.keeps_cache[i] for i in chain] == [False, False, True]
     assert [cached.sparse[i] for i in chain] == [True, True, True]
     assert all(cached.epilogues[i] for i in chain)  # each layer with its epilogue
-    assert not per_layer._chains and all(per_layer.keeps_cache)
+    assert not per_layer.plan.chains and all(per_layer.keeps_cache)
     state = cached.init()
     assert [c is None for c in state.caches] == [not k for k in cached.keeps_cache]
     s = module.total_stride
@@ -928,13 +929,11 @@ def test_reuse_fractions_of_masks_grouped_by_shape_keep_layer_order():
         False,
         rng.random((6, 5)) < 0.0,
     ]
-    got = np.asarray(
-        deepcache._mean_of_masks([m if isinstance(m, bool) else jnp.asarray(m) for m in masks])
-    )
+    got = np.asarray(mean_of_masks([m if isinstance(m, bool) else jnp.asarray(m) for m in masks]))
     want = [float(np.mean(m)) for m in masks]
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-7)
     assert got.dtype == np.float32 and got.shape == (7,)
-    assert deepcache._mean_of_masks([]).shape == (0,)
+    assert mean_of_masks([]).shape == (0,)
 
 
 @pytest.mark.parametrize("kernel", ["xla", "auto"])

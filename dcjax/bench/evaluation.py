@@ -79,16 +79,15 @@ def compare_matchers(
     if len(dev) < 2:
         raise ValueError("dcjax: compare_matchers needs at least two frames")
     for name in names:
-        if name == "histogram":
-            fn = jax.jit(lambda p, c: matching.histogram_match(p, c))
-        elif name == "static":
-            fn = jax.jit(lambda p, c: matching.static_match(
-                p, c, block_size=block_size, psnr_threshold=psnr_threshold))  # fmt: skip
-        else:
-            # as the DeepCache step matches: motion and mask, not every vector
-            fn = jax.jit(lambda p, c, _s=name: matching.match(
-                p, c, search=_s, block_size=block_size, psnr_threshold=psnr_threshold,
-                all_vectors=False))  # fmt: skip
+        # the histogram matcher with DeepMon's defaults; the searches as the
+        # DeepCache step matches (motion and mask, not every vector), searching
+        # every frame as the paper does
+        options = {"prejudge": False} if name in matching.SEARCHES else None
+        matcher = matching.StreamMatcher(
+            name=name, options=matching.matcher_options(name, options), block_size=block_size,
+            psnr_threshold=psnr_threshold,
+        )  # fmt: skip
+        fn = jax.jit(matcher.match_frames)
         jax.block_until_ready(fn(dev[0], dev[1]))
         times, ratios = [], []
         for _ in range(repeats):

@@ -6,7 +6,7 @@ camera, by default). Methods, timed frame by frame with `CachedModel.step`
 ``--repeats`` passes of the clip:
 
 - ``no-cache``: the jitted model;
-- ``semantic``: exits only (no layer is reused: ``reuse_ops=()``);
+- ``semantic``: exits only (no layer is reused: ``psnr_threshold=inf``);
 - ``deepcache``: exact DeepCache alone;
 - ``deepcache+semantic``: both in one step.
 

@@ -66,7 +66,7 @@ def default_first_convs(layers, max_stride: int = 4) -> int:
     """Number of leading layers whose output stride is at most ``max_stride``.
 
     Args:
-        layers: `dcjax.transforms.signatures.Layer` objects in execution order.
+        layers: `dcjax.transforms.records.Layer` objects in execution order.
         max_stride: largest cumulative output stride of a cached layer.
 
     Returns:

@@ -331,28 +331,19 @@ def input_masks(
         bool (T, H, W).
     """
     cfg = dict(config)
-    matcher = cfg.get("matcher", "static")
-    common = dict(
+    name = cfg.get("matcher", "static")
+    options = dict(cfg.get("matcher_options") or {})
+    if "grid" in options:
+        options["grid"] = tuple(options["grid"])
+    matcher = matching.StreamMatcher(
+        name=name,
+        options=matching.matcher_options(name, options),
         block_size=int(cfg.get("block_size", 10)),
         psnr_threshold=float(cfg.get("psnr_threshold", 20.0)),
         color=cfg.get("color", "luma"),
         data_range=cfg.get("data_range"),
     )
-    options = dict(cfg.get("matcher_options") or {})
-    if "grid" in options:
-        options["grid"] = tuple(options["grid"])
-
-    @jax.jit
-    def one(prev, cur):
-        if matcher == "histogram":
-            m = matching.histogram_match(prev, cur, **options)
-        elif matcher == "static":
-            m = matching.static_match(prev, cur, **common)
-        else:
-            m = matching.match(
-                prev, cur, search=matcher, **common, **{"all_vectors": False, **options}
-            )
-        return m.mask
+    one = jax.jit(lambda prev, cur: matcher.match_frames(prev, cur).mask)
 
     masks = [np.zeros(frames.shape[1:3], bool)]
     for t in range(1, len(frames)):
@@ -367,7 +358,8 @@ def _conv_stats(jaxpr) -> tuple[int, int]:
     """(FLOPs, count) of the convolutions in a jaxpr, through nested jaxprs."""
     from jax.extend.core import primitives as P
 
-    from dcjax.transforms.signatures import conv_flops, sub_jaxpr
+    from dcjax.transforms.analysis import conv_flops
+    from dcjax.transforms.calls import sub_jaxpr
 
     flops = count = 0
     for eqn in jaxpr.eqns:

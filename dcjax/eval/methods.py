@@ -37,8 +37,10 @@ from dcjax.eval.registry import (
     one_of,
     register_method,
 )
-from dcjax.transforms.interpreter import FrameContext, evaluate
-from dcjax.transforms.signatures import Spatial, analyze
+from dcjax.transforms.analysis import analyze
+from dcjax.transforms.interpreter import Policy, evaluate
+from dcjax.transforms.motion import FrameContext
+from dcjax.transforms.spatial import Spatial
 from dcjax.transforms.trace import trace_model
 
 __all__ = [
@@ -76,8 +78,6 @@ def deepcache_config(options: Mapping[str, Any], **defaults: Any) -> Config:
                 f"{', '.join(sorted(_CONFIG_FIELDS))}"
             )
         merged[key] = value
-    if "reuse_ops" in merged:
-        merged["reuse_ops"] = tuple(merged["reuse_ops"])
     if isinstance(merged.get("psnr_threshold"), int):
         merged["psnr_threshold"] = float(merged["psnr_threshold"])
     return Config(**merged)
@@ -139,13 +139,17 @@ def fast_apply(spec: ModelSpec) -> tuple[Callable[[Any, jax.Array], Any], list]:
     def apply(leaves, frame):
         x = spec.model_input(jnp.asarray(frame))
         ctx = FrameContext(jnp.zeros((2,), jnp.int32), "exact")
-        outs, _ = evaluate(
-            analysis, [*leaves, x], [True] * (k + 1), ctx,
-            lambda i, eqn, invals, mask: dense_conv(eqn, invals),
-        )  # fmt: skip
-        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
+        ev = evaluate(analysis, [*leaves, x], [True] * (k + 1), ctx, _DensePolicy())
+        return jax.tree_util.tree_unflatten(traced.out_tree, ev.outputs)
 
     return apply, traced.leaves
+
+
+class _DensePolicy(Policy):
+    """Every convolution computed in full by `dense_conv`, no result."""
+
+    def reuse(self, layer, eqn, invals, mask, epilogue):
+        return dense_conv(eqn, invals), None
 
 
 def _nocache_options(options: Mapping[str, Any]) -> dict[str, Any]:

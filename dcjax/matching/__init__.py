@@ -12,6 +12,9 @@ vectorised over blocks and vmappable over streams.
   (luma or colour planes), for a caller that keeps its key frame as planes.
 - `histogram_match`: DeepMon Section 6.3 (same-position colour histograms).
 - `rectangles`: the merged rectangles of Step 5, on the host.
+- `MATCHERS`, `matcher_options`, `StreamMatcher`: the matchers a stream can
+  use by name, with typed options (`SearchOptions`, `HistogramOptions`), and
+  the per-frame matching of a stream against its key (`dcjax.matching.matcher`).
 """
 
 from __future__ import annotations
@@ -27,20 +30,39 @@ from dcjax.matching.block import (
     planes,
 )
 from dcjax.matching.histogram import histogram_distances, histogram_match
+from dcjax.matching.matcher import (
+    COLORS,
+    KEYS,
+    MATCHERS,
+    HistogramOptions,
+    NoOptions,
+    SearchOptions,
+    StreamMatcher,
+    matcher_options,
+)
 from dcjax.matching.rectangles import rectangles
 from dcjax.matching.static import psnr_peak, static_match
 from dcjax.matching.types import Match
 
 __all__ = [
+    "COLORS",
     "DEFAULT_MAX_STEPS",
     "DEFAULT_SEARCH_RANGE",
+    "KEYS",
+    "MATCHERS",
     "MATCH_SEARCHES",
+    "SEARCHES",
+    "HistogramOptions",
     "Match",
+    "NoOptions",
+    "SearchOptions",
+    "StreamMatcher",
     "block_match",
     "block_match_planes",
     "histogram_distances",
     "histogram_match",
     "match",
+    "matcher_options",
     "planes",
     "psnr_peak",
     "rectangles",
@@ -99,30 +121,18 @@ def match(
     Raises:
         ValueError: for an unknown ``search`` or a bad argument, naming it.
     """
-    if search == "none":
-        return static_match(
-            prev,
-            cur,
-            block_size=block_size,
-            psnr_threshold=psnr_threshold,
-            color=color,
-            data_range=data_range,
-        )
-    if search not in SEARCHES:
+    if search not in MATCH_SEARCHES:
         raise ValueError(f"dcjax: unknown search {search!r}; expected one of {MATCH_SEARCHES}")
-    return block_match(
-        prev,
-        cur,
-        block_size=block_size,
-        psnr_threshold=psnr_threshold,
-        search=search,
-        max_steps=max_steps,
-        k_skip=k_skip,
-        reuse_scores=reuse_scores,
-        init_motion=init_motion,
-        color=color,
-        data_range=data_range,
-        search_range=search_range,
-        all_vectors=all_vectors,
-        prejudge=prejudge,
-    )
+    if search == "none":
+        name, options = "static", NoOptions()
+    else:
+        name = search
+        options = SearchOptions(
+            max_steps=max_steps, k_skip=k_skip, reuse_scores=reuse_scores,
+            search_range=search_range, all_vectors=all_vectors, prejudge=prejudge,
+        )  # fmt: skip
+    matcher = StreamMatcher(
+        name=name, options=options, block_size=block_size, psnr_threshold=psnr_threshold,
+        color=color, data_range=data_range,
+    )  # fmt: skip
+    return matcher.match_frames(prev, cur, init_motion)

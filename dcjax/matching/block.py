@@ -11,7 +11,7 @@ frame, both (H, W, C):
    ``"diamond"``, ``"three_step"`` or ``"exhaustive"`` search on the SSD of the
    luma (or RGB) planes, starting from ``init_motion``. With ``k_skip=1``
    and a zero start the diamond search scores the blocks that stay by
-   whole-plane passes (`dcjax.matching.search.steady_diamond_search`); the
+   whole-plane passes (`dcjax.matching.steady.steady_diamond_search`); the
    result is the same up to the float rounding of the SSDs.
 3. **Global motion.** Among the searched blocks whose best PSNR is larger than
    ``psnr_threshold`` (as in the paper), the most frequent vector is found; the
@@ -92,6 +92,7 @@ from jax import lax
 
 from dcjax._loops import run_if, skipping_pays
 from dcjax.matching import search as _search
+from dcjax.matching import steady as _steady
 from dcjax.matching.static import (
     _plane,
     block_counts_np,
@@ -295,7 +296,7 @@ def _block_match(
             # gather windows (`steady_diamond_search`). Any other start, or more
             # moving blocks than it has slots for, searches every block by windows.
             def steady(prev_p, cur_p):
-                costs = _search.plane_ssd(cur_p, prev_p, pad, bs, inside if (eh or ew) else None)
+                costs = _steady.plane_ssd(cur_p, prev_p, pad, bs, inside if (eh or ew) else None)
                 decided = None
                 if not all_vectors:
                     # Blocks that end at zero and pass there: more than half of all
@@ -305,7 +306,7 @@ def _block_match(
                     def decided(at_zero):
                         return 2 * jnp.sum(at_zero & voting(costs[0])) > at_zero.shape[0]
 
-                return _search.steady_diamond_search(
+                return _steady.steady_diamond_search(
                     prev_p, cur_p, geometry, costs,
                     pad=pad, block_size=bs, max_steps=max_steps, decided=decided,
                 )  # fmt: skip

@@ -38,7 +38,7 @@ unbatched), so the skipped layers are really skipped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -50,10 +50,30 @@ from dcjax.config import SemanticConfig
 from dcjax.kernels import dense_conv_eqn
 from dcjax.semantic import memory as mem
 from dcjax.transforms import exits
-from dcjax.transforms.interpreter import Env, FrameContext, dense_reuse, run_eqns
-from dcjax.transforms.signatures import Analysis
+from dcjax.transforms.interpreter import Env, Policy, run_eqns
+from dcjax.transforms.motion import FrameContext
+from dcjax.transforms.records import Analysis
 
 __all__ = ["SemanticExits"]
+
+
+class _ExitPolicy(Policy):
+    """The step's policy as the exits need it: each layer's result is
+    ``(cache, reuse fraction, ran)``; without reuse (``dense``) ``(reuse
+    fraction, ran)``, the caches being the old ones. No epilogue is fused."""
+
+    def __init__(self, inner: Policy, dense: bool) -> None:
+        self._inner, self._dense = inner, dense
+
+    def reuse(self, layer, eqn, invals, mask, epilogue):
+        if self._dense:  # no cache to read or write: the fastest dense convolution
+            return dense_conv_eqn(eqn, invals), (jnp.float32(0.0), jnp.bool_(True))
+        out, result = self._inner.reuse(layer, eqn, invals, mask, None)
+        fraction = jnp.mean(result.mask, dtype=jnp.float32)
+        return out, (result.cache, fraction, jnp.bool_(True))
+
+    def dense(self, index, eqn, invals):
+        return self._inner.dense(index, eqn, invals)
 
 
 class SemanticExits:
@@ -121,7 +141,7 @@ class SemanticExits:
         args: Sequence[Any],
         masks: Sequence[Any],
         ctx: FrameContext,
-        reuse: Callable[..., tuple[jax.Array, jax.Array, jax.Array]],
+        policy: Policy,
         old_caches: Sequence[jax.Array],
         update: jax.Array,
     ) -> tuple[list, list, list, jax.Array, mem.SemanticState, dict]:
@@ -131,8 +151,8 @@ class SemanticExits:
             memory: the stream's semantic memory.
             args, masks: the traced model's inputs and their reuse masks.
             ctx: the frame's motion.
-            reuse: ``reuse(layer, eqn, invals, mask) -> (out, reuse_fraction,
-                new_cache)``.
+            policy: the step's interpreter `Policy`; its reuse results have
+                the layer's output ``mask`` and its new ``cache``.
             old_caches: the caches of the previous frame (kept by skipped layers).
             update: whether to update the memory with this frame (false for a
                 non-finite frame).
@@ -176,19 +196,22 @@ class SemanticExits:
             cls = classes[c["slot"]]
             return [m[cls] for m in memory.out_means]
 
-        def reuse_here(index, eqn, invals, mask):
-            if self.dense:  # no cache to read or write: the fastest dense convolution
-                return dense_conv_eqn(eqn, invals), (jnp.float32(0.0), jnp.bool_(True))
-            out, fraction, cache = reuse(index, eqn, invals, mask)
-            return out, (cache, fraction, jnp.bool_(True))
-
         def skipped(index):
             if self.dense:
                 return jnp.float32(0.0), jnp.bool_(False)
             return old_caches[index], jnp.float32(0.0), jnp.bool_(False)
 
         outs, results, exit_index, carry = exits.evaluate_with_exits(
-            plan, self.analysis, args, masks, ctx, reuse_here, skipped, test, exit_outputs, carry
+            plan,
+            self.analysis,
+            args,
+            masks,
+            ctx,
+            _ExitPolicy(policy, self.dense),
+            skipped,
+            test,
+            exit_outputs,
+            carry,
         )
         n_layers = len(old_caches)
         if self.dense:
@@ -244,7 +267,7 @@ class SemanticExits:
         h, w = x.shape[1:3]
         env = Env.of(analysis, [*leaves, x], [True] * n + [jnp.zeros((h, w), bool)])
         ctx = FrameContext(jnp.zeros((2,), jnp.int32), "exact")
-        run_eqns(env, 0, len(analysis.eqns), ctx, dense_reuse)
+        run_eqns(env, 0, len(analysis.eqns), ctx, Policy())
         outs, _ = env.outputs()
         vectors = tuple(self.vector(e, env.read(v)[0]) for e, v in enumerate(self.plan.variables))
         return list(outs), vectors

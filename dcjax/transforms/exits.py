@@ -31,8 +31,11 @@ import jax
 from jax import lax
 from jax.extend import core as jcore
 
-from dcjax.transforms.interpreter import Env, FrameContext, run_eqns
-from dcjax.transforms.signatures import Analysis, Spatial, conv_flops, dot_flops
+from dcjax.transforms.analysis import conv_flops, dot_flops
+from dcjax.transforms.interpreter import Env, Policy, run_eqns
+from dcjax.transforms.motion import FrameContext
+from dcjax.transforms.records import Analysis
+from dcjax.transforms.spatial import Spatial
 
 __all__ = [
     "MARK_PREFIX",
@@ -255,8 +258,8 @@ def evaluate_with_exits(
     args: Sequence[Any],
     masks: Sequence[Any],
     ctx: FrameContext,
-    reuse: Callable[[int, jcore.JaxprEqn, list, jax.Array], tuple[jax.Array, Any]],
-    skipped: Callable[[int], tuple[jax.Array, Any]],
+    policy: Policy,
+    skipped: Callable[[int], Any],
     test: Callable[[int, jax.Array, Any], tuple[jax.Array, Any]],
     exit_outputs: Callable[[int, Any], list],
     carry: Any,
@@ -268,10 +271,11 @@ def evaluate_with_exits(
         analysis: the analysed traced model.
         args, masks: one value and one reuse mask per invar.
         ctx: the frame's motion and alignment.
-        reuse: ``reuse(layer, eqn, invals, mask) -> (out, result)``, pure; the
-            layer's output and what the caller wants back for it.
+        policy: the interpreter's `Policy`; its `Policy.reuse` must be pure
+            (it runs inside `lax.cond` branches), its result is what the
+            caller wants back for each layer.
         skipped: ``skipped(layer) -> result`` for a layer an exit skipped
-            (the same structure as ``reuse``'s result).
+            (the same structure as the policy's reuse result).
         test: ``test(e, value, carry) -> (take, carry)`` at exit point ``e``
             with its marked value; ``take`` is a boolean scalar.
         exit_outputs: ``exit_outputs(e, carry)`` the model's flat outputs when
@@ -284,24 +288,17 @@ def evaluate_with_exits(
     """
     env = Env.of(analysis, args, masks)
     outs, results, exit_index, carry = _segment(
-        exit_plan, env, 0, ctx, reuse, skipped, test, exit_outputs, carry
+        exit_plan, env, 0, ctx, policy, skipped, test, exit_outputs, carry
     )
     order = [layer for seg in exit_plan.segment_layers for layer in seg]
     return outs, dict(zip(order, results, strict=True)), exit_index, carry
 
 
-def _segment(exit_plan, env, k, ctx, reuse, skipped, test, exit_outputs, carry):
+def _segment(exit_plan, env, k, ctx, policy, skipped, test, exit_outputs, carry):
     """Run segment ``k`` and, nested in conds, everything after it."""
-    collected: dict[int, Any] = {}
-
-    def reuse_here(index, eqn, invals, mask):
-        out, result = reuse(index, eqn, invals, mask)
-        collected[index] = result
-        return out
-
     start, stop = exit_plan.bounds[k]
-    run_eqns(env, start, stop, ctx, reuse_here)
-    own = [collected[layer] for layer in exit_plan.segment_layers[k]]
+    run_eqns(env, start, stop, ctx, policy)
+    own = [env.layers[layer] for layer in exit_plan.segment_layers[k]]
     if k == exit_plan.num_exits:
         outs, _ = env.outputs()
         return list(outs), own, jax.numpy.int32(-1), carry
@@ -318,7 +315,7 @@ def _segment(exit_plan, env, k, ctx, reuse, skipped, test, exit_outputs, carry):
         return outs, [skipped(layer) for layer in later], jax.numpy.int32(k), c
 
     def rest_branch(c):
-        return _segment(exit_plan, env.copy(), k + 1, ctx, reuse, skipped, test, exit_outputs, c)
+        return _segment(exit_plan, env.copy(), k + 1, ctx, policy, skipped, test, exit_outputs, c)
 
     outs, rest, exit_index, carry = lax.cond(take, exit_branch, rest_branch, carry)
     return outs, own + list(rest), exit_index, carry

@@ -1,6 +1,6 @@
 """The caching interpreter: evaluate a traced model, reusing cached layer outputs.
 
-`evaluate` runs the equations of an analysed jaxpr (see `signatures.analyze`)
+`evaluate` runs the equations of an analysed jaxpr (see `analysis.analyze`)
 with `jax` primitives, carrying next to every value its reuse mask (see
 `regions`). Equations that do not depend on the frame run as they are and carry
 the static mask ``True``; call-like primitives are interpreted in place, so
@@ -13,24 +13,32 @@ traced model (Flax's module path, ``AlexNet/conv3/conv``), so the compiled
 program's operations carry the layer they belong to (`dcjax.eval.profile`
 charges their time to layers).
 
-Every reused layer (a convolution by default) is handed to a ``reuse``
-callback with its output mask; the callback returns the layer's output
-(``where(R_out, shift(cache_{t-1}, M/s), op(x_t))``, computed sparsely by the
-kernels) and records the new cache. The interpreter itself holds no state.
-Fully connected layers (`signatures.DenseLayer`) go to a ``dense`` callback
-when one is given (refinement updates their products by the changed inputs).
+What happens at the equations where binding the primitive is not the whole
+story is one `Policy` object's business:
 
-`FrameContext` is the per-frame view the mask rules use: the global motion
-``M = (My, Mx)`` and the alignment policy. For a variable of stride
-``s = p/q`` the shift is ``M * q / p``. Under ``alignment="exact"`` a variable
-whose shift is not an integer is not reusable at all; under ``"round"`` the
-shift is rounded half up.
+- every reused layer (a convolution) goes to `Policy.reuse` with its output
+  mask (and, where `Policy.fuses` says so, the `Epilogue` of the elementwise
+  chain after it); it returns the layer's output
+  (``where(R_out, shift(cache_{t-1}, M/s), op(x_t))``, computed sparsely by
+  the kernels) and a result of the policy's choosing (the new cache);
+- with `Policy.refines`, `Policy.refine` may widen a reused layer's input mask
+  (refinement) and return a result (the new reference);
+- fully connected layers (`DenseLayer`) go to `Policy.dense`, which may update
+  their products by the changed inputs and return a result.
+
+The interpreter collects those results per layer and returns them with the
+outputs (`Evaluation`): it holds no state between evaluations, and a policy
+returns what it computed rather than writing it somewhere. With
+`Policy.records`, every frame-dependent spatial variable's signature, value
+and mask is returned too (`propagate_masks`, a diagnostic). The base `Policy`
+computes every layer in full.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -39,64 +47,77 @@ from jax.extend import core as jcore
 
 from dcjax.kernels import Epilogue
 from dcjax.transforms import lowering, regions
-from dcjax.transforms.signatures import Analysis, Spatial, elementwise_call, sub_jaxpr
+from dcjax.transforms.calls import sub_jaxpr
+from dcjax.transforms.motion import FrameContext
+from dcjax.transforms.patterns import elementwise_call
+from dcjax.transforms.records import Analysis
+from dcjax.transforms.spatial import Spatial
 
-ReuseFn = Callable[..., jax.Array]
-RefineFn = Callable[[int, jax.Array, regions.Mask], regions.Mask]
-DenseFn = Callable[[int, jcore.JaxprEqn, list], jax.Array]
+__all__ = ["Env", "Evaluation", "Policy", "evaluate", "propagate_masks", "run_eqns"]
 
 
-class FrameContext:
-    """The frame's motion, as the mask rules and the reuse step see it.
+class Policy:
+    """What the interpreter does at reused layers, refined inputs and fully
+    connected layers (see the module docstring). Override what you need; the
+    base class computes everything in full and returns no results.
 
-    Args:
-        motion: int32 ``(2,)``, the global motion ``(My, Mx)`` in input pixels.
-        alignment: ``"exact"`` or ``"round"``.
+    Attributes:
+        refines: whether `refine` is called at reused layers' inputs.
+        records: whether `evaluate` returns every spatial variable's value and
+            mask (`Evaluation.records`).
     """
 
-    def __init__(self, motion: jax.Array, alignment: str) -> None:
-        self.motion = jnp.asarray(motion, jnp.int32)
-        self.alignment = alignment
-        self._shifts: dict[Any, tuple] = {}
-        self._valid: dict[Any, jax.Array] = {}
-        self.zero_motion = jnp.all(self.motion == 0)
+    refines: bool = False
+    records: bool = False
 
-    def shift(self, sig: Spatial) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """``(dy, dx, aligned)``: the shift at a variable of signature ``sig``."""
-        key = sig.stride
-        if key not in self._shifts:
-            out = []
-            aligned = jnp.bool_(True)
-            for k in range(2):
-                p, q = sig.stride[k].numerator, sig.stride[k].denominator
-                num = self.motion[k] * q
-                if self.alignment == "exact":
-                    aligned = aligned & (num % p == 0)
-                    out.append(num // p)
-                else:
-                    out.append((2 * num + p) // (2 * p))
-            self._shifts[key] = (out[0], out[1], aligned)
-        return self._shifts[key]
+    def reuse(
+        self,
+        layer: int,
+        eqn: jcore.JaxprEqn,
+        invals: list,
+        mask: regions.Mask,
+        epilogue: Epilogue | None,
+    ) -> tuple[jax.Array, Any]:
+        """``(output, result)`` of reused layer ``layer`` given its output mask;
+        ``epilogue`` is the fused chain (`fuses`) to apply to its output, or None."""
+        out = lowering.bind(eqn, invals)[0]
+        return (out if epilogue is None else epilogue(out)), None
 
-    def zero_shift(self, sig: Spatial) -> tuple[jax.Array, jax.Array]:
-        dy, dx, _ = self.shift(sig)
-        return dy == 0, dx == 0
+    def fuses(self, layer: int) -> bool:
+        """Whether ``layer`` is evaluated with its epilogue (`EqnInfo.epilogue`)."""
+        return False
 
-    def valid(self, sig: Spatial) -> jax.Array:
-        """(H_v, W_v): aligned, and the shifted position lies inside the map."""
-        key = (sig.size, sig.stride)
-        if key not in self._valid:
-            dy, dx, aligned = self.shift(sig)
-            iy = jnp.arange(sig.size[0])[:, None] + dy
-            ix = jnp.arange(sig.size[1])[None, :] + dx
-            inside = (iy >= 0) & (iy < sig.size[0]) & (ix >= 0) & (ix < sig.size[1])
-            self._valid[key] = inside & aligned
-        return self._valid[key]
+    def refine(self, layer: int, x: jax.Array, in_mask: regions.Mask) -> tuple[regions.Mask, Any]:
+        """``(mask, result)``: the input mask reused layer ``layer`` uses for its
+        input ``x`` (called only when `refines`)."""
+        return in_mask, None
 
-    def collapse(self, mask: regions.Mask) -> regions.Mask:
-        if mask is True:
-            return True
-        return jnp.all(mask) & self.zero_motion
+    def dense(self, index: int, eqn: jcore.JaxprEqn, invals: list) -> tuple[jax.Array, Any]:
+        """``(product, result)`` of fully connected layer ``index`` (`DenseLayer`)."""
+        return lowering.bind(eqn, invals)[0], None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Evaluation:
+    """What `evaluate` returns.
+
+    Attributes:
+        outputs: the jaxpr's outputs.
+        masks: their reuse masks.
+        layers: reused layer -> its `Policy.reuse` result.
+        dense: fully connected layer -> its `Policy.dense` result.
+        refined: reused layer -> its `Policy.refine` result (with `Policy.refines`).
+        records: with `Policy.records`, ``(path, var name) -> (signature, value,
+            mask)`` for every frame-dependent spatial variable, ``path`` the
+            indices of the equations leading to it (through nested jaxprs).
+    """
+
+    outputs: list
+    masks: list
+    layers: dict[int, Any]
+    dense: dict[int, Any]
+    refined: dict[int, Any]
+    records: dict[tuple, tuple] = dataclasses.field(default_factory=dict)
 
 
 def _needs_valid(in_sigs: Sequence, out_sig: Spatial | None) -> bool:
@@ -104,23 +125,36 @@ def _needs_valid(in_sigs: Sequence, out_sig: Spatial | None) -> bool:
 
 
 class Env:
-    """Values and masks of a jaxpr's variables during one evaluation.
+    """Values and masks of a jaxpr's variables during one evaluation, and the
+    per-layer results collected so far.
 
-    `evaluate` is `Env.of` + `run_eqns` over all equations + `outputs`; the
+    `evaluate` is `Env.of` + `run_eqns` over all equations + `result`; the
     pieces are public so that a caller can evaluate a jaxpr segment by segment
-    (the semantic early exits run the rest of the network inside `lax.cond`).
+    (the semantic early exits run the rest of the network inside `lax.cond`,
+    each branch on its own `copy`).
     """
 
-    def __init__(self, analysis: Analysis) -> None:
+    def __init__(self, analysis: Analysis, path: tuple[int, ...] = ()) -> None:
         self.analysis = analysis
+        self.path = path
         self.values: dict[Any, Any] = {}
         self.masks: dict[Any, Any] = {}
         # fused layers waiting for the end of their epilogue: last eqn -> call
         self.pending: dict[int, tuple] = {}
+        self.layers: dict[int, Any] = {}
+        self.dense: dict[int, Any] = {}
+        self.refined: dict[int, Any] = {}
+        self.records: dict[tuple, tuple] = {}
 
     @classmethod
-    def of(cls, analysis: Analysis, args: Sequence[Any], masks: Sequence[regions.Mask]) -> Env:
-        env = cls(analysis)
+    def of(
+        cls,
+        analysis: Analysis,
+        args: Sequence[Any],
+        masks: Sequence[regions.Mask],
+        path: tuple[int, ...] = (),
+    ) -> Env:
+        env = cls(analysis, path)
         closed = analysis.jaxpr
         for v, c in zip(closed.jaxpr.constvars, closed.consts):
             env.write(v, c, True)
@@ -129,9 +163,11 @@ class Env:
         return env
 
     def copy(self) -> Env:
-        env = Env(self.analysis)
+        env = Env(self.analysis, self.path)
         env.values, env.masks = dict(self.values), dict(self.masks)
         env.pending = dict(self.pending)
+        env.layers, env.dense = dict(self.layers), dict(self.dense)
+        env.refined, env.records = dict(self.refined), dict(self.records)
         return env
 
     def write(self, v, value, mask) -> None:
@@ -146,72 +182,55 @@ class Env:
         results = [self.read(v) for v in self.analysis.jaxpr.jaxpr.outvars]
         return [r[0] for r in results], [r[1] for r in results]
 
+    def result(self) -> Evaluation:
+        """The outputs and everything collected, as an `Evaluation`."""
+        outs, masks = self.outputs()
+        return Evaluation(
+            outputs=outs, masks=masks, layers=dict(self.layers), dense=dict(self.dense),
+            refined=dict(self.refined), records=dict(self.records),
+        )  # fmt: skip
+
+    def absorb(self, sub: Evaluation) -> None:
+        """Take the per-layer results of a nested evaluation (a call's sub-jaxpr)."""
+        self.layers.update(sub.layers)
+        self.dense.update(sub.dense)
+        self.refined.update(sub.refined)
+        self.records.update(sub.records)
+
 
 def evaluate(
     analysis: Analysis,
     args: Sequence[Any],
     masks: Sequence[regions.Mask],
     ctx: FrameContext,
-    reuse: ReuseFn,
-    on_unsupported: Callable[[str], None] | None = None,
-    record: Callable[..., None] | None = None,
-    _path: tuple[int, ...] = (),
-    refine: RefineFn | None = None,
-    fuse: Callable[[int], bool] | None = None,
-    dense: DenseFn | None = None,
-) -> tuple[list, list]:
+    policy: Policy,
+    path: tuple[int, ...] = (),
+) -> Evaluation:
     """Evaluate ``analysis.jaxpr`` on ``args``, propagating reuse masks.
 
     Args:
-        analysis: the result of `signatures.analyze` for this jaxpr.
+        analysis: the result of `analysis.analyze` for this jaxpr.
         args: one value per invar.
         masks: one mask per invar (``True`` for parameters).
         ctx: the frame's motion and alignment.
-        reuse: called for every reused layer as ``reuse(layer, eqn, invals,
-            out_mask)`` and returns the layer's output.
-        on_unsupported: called with the name of a primitive without a rule.
-        record: if given, called as ``record(path, var, signature, value, mask)``
-            for every spatial variable that depends on the frame.
-        refine: if given, called for every reused layer as ``refine(layer, x,
-            in_mask)`` before its mask rule; returns the input mask the layer
-            uses (refinement adds pixels whose value barely changed).
-        fuse: if given, ``fuse(layer)`` says whether the layer's epilogue is
-            fused (see the module docstring); ``reuse`` is then called as
-            ``reuse(layer, eqn, invals, out_mask, epilogue)``.
-        dense: if given, called for every fully connected layer
-            (`signatures.DenseLayer`) as ``dense(index, eqn, invals)`` and
-            returns its product (refinement updates it by the changed rows).
+        policy: what to do at reused, refined and fully connected layers.
+        path: the equations leading to this jaxpr (for `Evaluation.records`).
 
     Returns:
-        The outputs and their masks.
+        The `Evaluation`: outputs, their masks and the per-layer results.
     """
-    env = Env.of(analysis, args, masks)
-    run_eqns(
-        env, 0, len(analysis.eqns), ctx, reuse, on_unsupported, record, _path, refine, fuse, dense
-    )
-    return env.outputs()
+    env = Env.of(analysis, args, masks, path)
+    run_eqns(env, 0, len(analysis.eqns), ctx, policy)
+    return env.result()
 
 
-def run_eqns(
-    env: Env,
-    start: int,
-    stop: int,
-    ctx: FrameContext,
-    reuse: ReuseFn,
-    on_unsupported: Callable[[str], None] | None = None,
-    record: Callable[..., None] | None = None,
-    _path: tuple[int, ...] = (),
-    refine: RefineFn | None = None,
-    fuse: Callable[[int], bool] | None = None,
-    dense: DenseFn | None = None,
-) -> None:
+def run_eqns(env: Env, start: int, stop: int, ctx: FrameContext, policy: Policy) -> None:
     """Evaluate equations ``start:stop`` of ``env.analysis`` into ``env``."""
-    analysis = env.analysis
-    eqns = analysis.jaxpr.jaxpr.eqns
+    eqns = env.analysis.jaxpr.jaxpr.eqns
     for i in range(start, stop):
         pending = env.pending.get(i)  # a fused layer runs in its own scope
         with _scope(eqns[i] if pending is None else pending[1]):
-            _run_eqn(env, i, ctx, reuse, on_unsupported, record, _path, refine, fuse, dense)
+            _run_eqn(env, i, ctx, policy)
 
 
 def _scope(eqn: jcore.JaxprEqn):
@@ -220,43 +239,36 @@ def _scope(eqn: jcore.JaxprEqn):
     return jax.named_scope(name) if name else contextlib.nullcontext()
 
 
-def _run_eqn(
-    env: Env,
-    i: int,
-    ctx: FrameContext,
-    reuse: ReuseFn,
-    on_unsupported: Callable[[str], None] | None,
-    record: Callable[..., None] | None,
-    _path: tuple[int, ...],
-    refine: RefineFn | None,
-    fuse: Callable[[int], bool] | None,
-    dense: DenseFn | None = None,
-) -> None:
+def _record(env: Env, policy: Policy, i: int, var, sig, value, mask) -> None:
+    if policy.records and sig is not None:
+        env.records[(env.path + (i,), str(var))] = (sig, value, mask)
+
+
+def _run_eqn(env: Env, i: int, ctx: FrameContext, policy: Policy) -> None:
     """Evaluate equation ``i`` of ``env.analysis`` into ``env`` (see `run_eqns`)."""
     analysis = env.analysis
     eqn, info = analysis.jaxpr.jaxpr.eqns[i], analysis.eqns[i]
-    if info.fused_into is not None and _fused(analysis, info.fused_into, fuse):
+    if info.fused_into is not None and _fused(analysis, info.fused_into, policy):
         if i == analysis.eqns[info.fused_into].epilogue[-1]:
             layer, leqn, linvals, mask = env.pending.pop(i)
             chain = analysis.eqns[info.fused_into].epilogue
             epilogue, pixel_masks = _epilogue(env, leqn, chain)
             mask = regions.and_all([mask, *pixel_masks])
-            out = reuse(layer, leqn, linvals, mask, epilogue)
+            out, env.layers[layer] = policy.reuse(layer, leqn, linvals, mask, epilogue)
             env.write(eqn.outvars[0], out, mask)
-            if record is not None and info.out_sigs[0] is not None:
-                record(_path + (i,), eqn.outvars[0], info.out_sigs[0], out, mask)
+            _record(env, policy, i, eqn.outvars[0], info.out_sigs[0], out, mask)
         return
     invals, inmasks = zip(*(env.read(v) for v in eqn.invars)) if eqn.invars else ((), ())
     if not info.dynamic:
         outs, omasks = lowering.bind(eqn, invals), [True] * len(eqn.outvars)
     elif info.sub is not None:
-        outs, omasks = evaluate(
-            info.sub, invals, inmasks, ctx, reuse, on_unsupported, record, _path + (i,),
-            refine, fuse, dense,
-        )  # fmt: skip
+        sub = evaluate(info.sub, invals, inmasks, ctx, policy, env.path + (i,))
+        env.absorb(sub)
+        outs, omasks = sub.outputs, sub.masks
     else:
-        if refine is not None and info.layer is not None:
-            inmasks = (refine(info.layer, invals[0], inmasks[0]), *inmasks[1:])
+        if policy.refines and info.layer is not None:
+            refined, env.refined[info.layer] = policy.refine(info.layer, invals[0], inmasks[0])
+            inmasks = (refined, *inmasks[1:])
         if info.supported:
             rule = regions.MASK_RULES.get(eqn.primitive)
             omasks = (
@@ -273,32 +285,34 @@ def _run_eqn(
                 else [regions.and_all(inmasks)] * len(eqn.outvars)
             )
         else:
-            if on_unsupported is not None:
-                on_unsupported(eqn.primitive.name)
             omasks = regions.unsupported(ctx, eqn, info.in_sigs, info.out_sigs, inmasks)
         omasks = [
             m & ctx.valid(o) if _needs_valid(info.in_sigs, o) else m
             for m, o in zip(omasks, info.out_sigs)
         ]
-        if info.layer is not None and info.epilogue and _fused(analysis, i, fuse):
+        if info.layer is not None and info.epilogue and _fused(analysis, i, policy):
             env.pending[info.epilogue[-1]] = (info.layer, eqn, list(invals), omasks[0])
             return  # evaluated where the epilogue ends
         if info.layer is not None:
-            outs = [reuse(info.layer, eqn, list(invals), omasks[0])]
-        elif info.dense is not None and dense is not None:
-            outs = [dense(info.dense, eqn, list(invals))]
+            out, env.layers[info.layer] = policy.reuse(
+                info.layer, eqn, list(invals), omasks[0], None
+            )
+            outs = [out]
+        elif info.dense is not None:
+            out, env.dense[info.dense] = policy.dense(info.dense, eqn, list(invals))
+            outs = [out]
         else:
             outs = lowering.bind(eqn, invals)
     for v, val, m, sig in zip(eqn.outvars, outs, omasks, info.out_sigs):
         env.write(v, val, m)
-        if record is not None and info.dynamic and sig is not None:
-            record(_path + (i,), v, sig, val, m)
+        if info.dynamic:
+            _record(env, policy, i, v, sig, val, m)
 
 
-def _fused(analysis: Analysis, index: int, fuse: Callable[[int], bool] | None) -> bool:
+def _fused(analysis: Analysis, index: int, policy: Policy) -> bool:
     """Whether the layer at equation ``index`` is evaluated with its epilogue."""
     info = analysis.eqns[index]
-    return fuse is not None and bool(info.epilogue) and fuse(info.layer)
+    return bool(info.epilogue) and policy.fuses(info.layer)
 
 
 def _epilogue(
@@ -368,14 +382,6 @@ def _eval_elementwise(closed: jcore.ClosedJaxpr, *args: jax.Array) -> jax.Array:
     return vals[jaxpr.outvars[0]]
 
 
-def dense_reuse(
-    layer: int, eqn: jcore.JaxprEqn, invals: list, mask: jax.Array, epilogue=None
-) -> jax.Array:
-    """A ``reuse`` callback that computes every layer in full."""
-    out = lowering.bind(eqn, invals)[0]
-    return out if epilogue is None else epilogue(out)
-
-
 def propagate_masks(
     analysis: Analysis,
     args: Sequence[Any],
@@ -388,10 +394,11 @@ def propagate_masks(
     where ``path`` holds the indices of the equations leading to the variable
     (through nested jaxprs). Used by the soundness tests and the notebooks.
     """
-    recorded: dict = {}
+    result = evaluate(analysis, args, masks, ctx, _Recording())
+    return result.outputs, result.records
 
-    def record(path, var, sig, value, mask):
-        recorded[(path, str(var))] = (sig, value, mask)
 
-    outs, _ = evaluate(analysis, args, masks, ctx, dense_reuse, record=record)
-    return outs, recorded
+class _Recording(Policy):
+    """The dense policy, recording every spatial variable (`propagate_masks`)."""
+
+    records = True

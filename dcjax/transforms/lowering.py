@@ -17,11 +17,10 @@ of a speedup. XLA:CPU runs them slowly:
 - ``reduce_window_max`` / ``reduce_window_min`` (max pooling) are a generic loop
   over every window element. A rectangular window's max is separable, and
   each axis's is the max of ``size`` strided slices: elementwise fusions.
-  The result is identical bit for bit (max is exact). Measured on the 2-core
-  development CPU: 3x3/2 on 112x112x64 0.69 to 0.34 ms, 3x3/1 on 28x28x256
-  0.63 to 0.20 ms, 3x3/2 on 55x55x96 0.25 to 0.07 ms; 2x2/2 on 448x448x16
-  0.65-0.90 to 0.70 ms. Windows along the channel (minor) axis keep
-  ``reduce_window``: strided slices of the minor axis are slower.
+  The result is identical bit for bit (max is exact). Windows along the
+  channel (minor) axis keep ``reduce_window``: strided slices of the minor
+  axis are slower. See docs/performance-notes.md, "Max pooling on CPU:
+  strided-slice maxima instead of `reduce_window`".
 - ``pow`` with a constant exponent (local response normalisation's
   ``scale ** -0.75``) is a scalar library call per element. For a non-integer
   multiple of 1/4, ``c = q / 4``, ``sqrt(sqrt(x)) ** q`` vectorises (two square
@@ -31,7 +30,8 @@ of a speedup. XLA:CPU runs them slowly:
   of ``c``; ``x = -0`` as ``+0``). ``exp(c * log(x))`` would take any ``c``
   but loses ``|c ln x|`` ulp (4e-6 relative at ``x = 1e-30``), so other
   exponents keep ``pow``, as do integer ones (defined for negative ``x``).
-  Measured: ``x * x ** -0.75`` on 56x56x192, 1.80 to 0.31 ms.
+  See docs/performance-notes.md, "Quarter powers on CPU: `sqrt(sqrt(x)) ** q`
+  instead of `pow`".
 """
 
 from __future__ import annotations

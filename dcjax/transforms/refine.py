@@ -125,18 +125,23 @@ pixel-granular kernels (`dcjax.kernels.rows`) for them on CPU.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
-from dcjax.config import RefineConfig
-from dcjax.transforms.signatures import DenseLayer, Layer, Spatial
+from dcjax.transforms.records import DenseLayer, Layer
+from dcjax.transforms.spatial import Spatial
+
+if TYPE_CHECKING:
+    from dcjax.config import RefineConfig
 
 __all__ = [
     "AUTO_MIN_DENSE_OUTPUTS",
     "AUTO_MIN_DENSE_WEIGHTS",
     "AUTO_MIN_MACS_PER_INPUT",
     "DENSE_FRACTION",
+    "METRICS",
     "auto_dense",
     "change",
     "dense_error_bound",
@@ -146,6 +151,9 @@ __all__ = [
     "refined_layers",
     "scale",
 ]
+
+#: The per-pixel change metrics (`RefineConfig.metric`).
+METRICS = ("max_abs", "rms")
 
 #: Multiply-adds per input element from which "auto" refines a convolution.
 AUTO_MIN_MACS_PER_INPUT = 160

@@ -40,9 +40,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import primitives as P
 
-from dcjax.transforms import signatures as S
+from dcjax.transforms import signature_rules as S
 from dcjax.transforms._registry import registrar
-from dcjax.transforms.signatures import Spatial
+from dcjax.transforms.spatial import Spatial, first_spatial
 
 Mask = Any  # True (static), a bool scalar array, or a bool (H_v, W_v) array
 
@@ -167,7 +167,7 @@ def and_pool(ctx, mask: jax.Array, win: S.Window, sig: Spatial, out: Spatial) ->
     """
     m = mask
     # one axis at a time, padding only the axis being pooled: XLA fuses each
-    # pad into the slices of `_window_and` (a 2-D pad first cost 3x as much)
+    # pad into the slices of `_window_and` (padding both axes first was slower)
     for axis, zero in enumerate(ctx.zero_shift(sig)):
         none = (0, 0, 0)
         holes = [none, none]
@@ -190,9 +190,10 @@ def _window_and(m: jax.Array, axis: int, size: int, stride: int, dilation: int) 
 
     A rectangular window's AND is separable, and each axis's is the AND of
     ``size`` strided slices: one elementwise fusion, where XLA:CPU runs a
-    ``reduce_window`` as a generic loop over every window element (ResNet-50's
-    7x7/2 stem mask took 0.4 ms that way). Very wide windows (global pooling)
-    keep ``reduce_window``.
+    ``reduce_window`` as a generic loop over every window element (see
+    docs/performance-notes.md, "Reuse masks are AND-pooled as strided slices,
+    one axis at a time"). Very wide windows (global pooling) keep
+    ``reduce_window``.
     """
     n = m.shape[axis]
     span = (size - 1) * dilation + 1
@@ -226,7 +227,7 @@ def _conv(ctx, eqn, in_sigs, out_sigs, masks, **_):
 
 @register(P.reduce_window_sum_p, P.reduce_window_max_p, P.reduce_window_min_p, P.reduce_window_p)
 def _reduce_window(ctx, eqn, in_sigs, out_sigs, masks, **_):
-    sig = S._first(in_sigs)
+    sig = first_spatial(in_sigs)
     out = out_sigs[0]
     if out is None:
         return [_combine(ctx, in_sigs, None, masks) for _ in out_sigs]

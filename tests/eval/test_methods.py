@@ -189,10 +189,13 @@ def test_config_dict_is_json_serialisable():
 
     from dcjax.config import Config
 
-    cfg = Config(matcher_options={"grid": (4, 4)}, psnr_threshold=float("inf"))
+    cfg = Config(
+        matcher="histogram", matcher_options={"grid": (4, 4)}, psnr_threshold=float("inf")
+    )
     d = methods.config_dict(cfg)
     assert json.loads(json.dumps(d)) == d
-    assert d["matcher_options"] == {"grid": [4, 4]} and d["psnr_threshold"] == "inf"
+    assert d["matcher_options"] == {"grid": [4, 4], "bins": 16, "distance_threshold": 0.005}
+    assert d["psnr_threshold"] == "inf"
     assert set(d) == {f.name for f in dataclasses.fields(Config)}
     from dcjax.config import RefineConfig
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dcjax.matching import block as B
-from dcjax.matching import match
+from dcjax.matching import match, steady
 from dcjax.matching import search as S
 from tests.kernels._strategies import all_eqns
 from tests.matching.frames import blocks, brute_force, degrade, luma, photo, shifted_pair, smooth
@@ -266,7 +266,7 @@ def _moving_patch(name: str, seed: int, noise: float = 1.0):
 def _window_only_match():
     """`match`'s diamond search with the steady path always overflowing, i.e.
     every block searched by gathered windows (a fresh jit: the patch is seen)."""
-    real = S.steady_diamond_search
+    real = steady.steady_diamond_search
 
     def overflowing(*args, **kwargs):
         res, _ = real(*args, **kwargs)
@@ -300,11 +300,11 @@ def test_plane_ssd_equals_gathered_block_ssd(color):
     cur_p = jnp.pad(pl(cur), ((0, 0), (0, eh), (0, ew)))
     inside = np.zeros((nby * bs, nbx * bs), np.float32)
     inside[:64, :84] = 1.0
-    got = np.asarray(S.plane_ssd(cur_p, prev_p, pad, bs, inside))
+    got = np.asarray(steady.plane_ssd(cur_p, prev_p, pad, bs, inside))
     assert got.shape == (13, nby * nbx)
     cur_b = S.windows(cur_p, jnp.asarray(corners) - pad, bs)
     weights = S.windows(jnp.asarray(inside)[None], jnp.asarray(corners) - pad, bs)
-    for k, (dy, dx) in enumerate(S.PLANE_OFFSETS):
+    for k, (dy, dx) in enumerate(steady.PLANE_OFFSETS):
         ref = S.windows(prev_p, jnp.asarray(corners) + np.array([[dy], [dx]]), bs)
         want = np.asarray(S.block_ssd(cur_b, ref, weights))
         np.testing.assert_allclose(got[k], want, rtol=1e-5, atol=1e-2)
@@ -316,19 +316,19 @@ def test_plane_ssd_equals_gathered_block_ssd(color):
 def test_steady_search_equals_the_window_search(name, monkeypatch):
     """From a zero start, the plane-cost search finds what the window search finds."""
     prev, cur = _moving_patch(name, seed=3)
-    steady = _call(B._block_match, prev, cur)
+    plane_path = _call(B._block_match, prev, cur)
     fn, overflowing = _window_only_match()
-    monkeypatch.setattr(S, "steady_diamond_search", overflowing)
+    monkeypatch.setattr(steady, "steady_diamond_search", overflowing)
     windows = _call(fn, prev, cur)
-    a, b = np.asarray(steady.block_vectors), np.asarray(windows.block_vectors)
+    a, b = np.asarray(plane_path.block_vectors), np.asarray(windows.block_vectors)
     assert (a != 0).any()  # the patch's blocks moved: the compacted part ran
     # float32 SSDs summed in another order may break a rare near-tie differently.
     assert (a != b).any(-1).sum() <= 1
     same = (a == b).all(-1)
     np.testing.assert_allclose(
-        np.asarray(steady.block_psnr)[same], np.asarray(windows.block_psnr)[same], rtol=1e-5
+        np.asarray(plane_path.block_psnr)[same], np.asarray(windows.block_psnr)[same], rtol=1e-5
     )
-    assert int(steady.motion.sum() != windows.motion.sum()) == 0
+    assert int(plane_path.motion.sum() != windows.motion.sum()) == 0
 
 
 def test_steady_search_runs_only_from_a_zero_start_and_falls_back_on_overflow(monkeypatch):
@@ -337,10 +337,10 @@ def test_steady_search_runs_only_from_a_zero_start_and_falls_back_on_overflow(mo
     prev, cur = _moving_patch("coffee", seed=5)
     good0, good1 = _call(B._block_match, prev, cur), _call(B._block_match, prev, cur, (1, 0))
     movers = np.flatnonzero((np.asarray(good0.block_vectors) != 0).any(-1))
-    assert 2 <= len(movers) <= S.steady_capacity(63)
-    real_planes = S.plane_ssd
+    assert 2 <= len(movers) <= steady.steady_capacity(63)
+    real_planes = steady.plane_ssd
     # A zero cost at their start: the blocks that move can no longer leave it.
-    monkeypatch.setattr(S, "plane_ssd", lambda *a: real_planes(*a).at[0, movers].set(0.0))
+    monkeypatch.setattr(steady, "plane_ssd", lambda *a: real_planes(*a).at[0, movers].set(0.0))
     fn, _ = _window_only_match()
     bad0, bad1 = _call(fn, prev, cur), _call(fn, prev, cur, (1, 0))
     stuck = (np.asarray(bad0.block_vectors) != np.asarray(good0.block_vectors)).any(-1)
@@ -351,12 +351,12 @@ def test_steady_search_runs_only_from_a_zero_start_and_falls_back_on_overflow(mo
     # of the plane path takes it, unless more blocks move than there are
     # slots, and the window search runs instead.
     still = np.setdiff1d(np.arange(63), movers)
-    monkeypatch.setattr(S, "plane_ssd", lambda *a: real_planes(*a).at[10, still].set(-1.0))
-    assert S.PLANE_OFFSETS[10] == (1, 0)
+    monkeypatch.setattr(steady, "plane_ssd", lambda *a: real_planes(*a).at[10, still].set(-1.0))
+    assert steady.PLANE_OFFSETS[10] == (1, 0)
     fn, _ = _window_only_match()
     lured = np.asarray(_call(fn, prev, cur).block_vectors).reshape(-1, 2)
     assert (lured[still[still < 54]] == (1, 0)).all()  # the last row cannot move down
-    monkeypatch.setattr(S, "steady_capacity", lambda n: 1)
+    monkeypatch.setattr(steady, "steady_capacity", lambda n: 1)
     fn, _ = _window_only_match()
     over = _call(fn, prev, cur)
     np.testing.assert_array_equal(np.asarray(over.block_vectors), np.asarray(good0.block_vectors))
@@ -444,7 +444,7 @@ def test_matcher_off_cpu_has_no_data_dependent_loops(monkeypatch):
 def test_steady_search_holds_an_eighth_of_the_blocks_moving():
     """`steady_diamond_search` overflows only past `steady_capacity` moving blocks
     (an eighth of the grid), and finds the window search's vectors up to there."""
-    assert [S.steady_capacity(n) for n in (63, 529, 2025)] == [16, 72, 256]
+    assert [steady.steady_capacity(n) for n in (63, 529, 2025)] == [16, 72, 256]
     rng = np.random.default_rng(0)
     bs, n_side = 10, 24  # 576 blocks: 72 slots
     h = w = bs * n_side
@@ -466,13 +466,13 @@ def test_steady_search_holds_an_eighth_of_the_blocks_moving():
         )
         cur_p = jnp.asarray(cur)[None]
         blocks = S.Blocks(None, None, *map(jnp.asarray, (corners, lo, hi)))
-        costs = S.plane_ssd(cur_p, prev_p, pad, bs, None)
-        res, overflow = S.steady_diamond_search(
+        costs = steady.plane_ssd(cur_p, prev_p, pad, bs, None)
+        res, overflow = steady.steady_diamond_search(
             prev_p, cur_p, blocks, costs, pad=pad, block_size=bs, max_steps=8
         )
         return np.asarray(res.vectors).T, bool(overflow)
 
-    cap = S.steady_capacity(n_side * n_side)
+    cap = steady.steady_capacity(n_side * n_side)
     vectors, overflow = search(cap)
     assert not overflow
     moved = order[:cap]
@@ -488,7 +488,7 @@ def test_settled_steady_search_leaves_the_moving_blocks_at_their_first_step(n_mo
     without moving."""
     rng = np.random.default_rng(1)
     bs, n_side = 10, 12  # 144 blocks: 24 slots
-    assert S.steady_capacity(n_side * n_side) == 24
+    assert steady.steady_capacity(n_side * n_side) == 24
     h = w = bs * n_side
     # a smooth photo: the cost falls towards the true vector, so the search walks
     prev = luma(smooth(photo("astronaut"), 3.0))[100 : 100 + h + 16, 150 : 150 + w + 16]
@@ -507,12 +507,12 @@ def test_settled_steady_search_leaves_the_moving_blocks_at_their_first_step(n_mo
     )
     cur_p = jnp.asarray(cur)[None]
     blocks = S.Blocks(None, None, *map(jnp.asarray, (corners, lo, hi)))
-    costs = S.plane_ssd(cur_p, prev_p, pad, bs, None)
+    costs = steady.plane_ssd(cur_p, prev_p, pad, bs, None)
     staying = jnp.asarray(~np.isin(np.arange(n_side * n_side), movers))  # end at zero
 
     def run(decided):
         res, overflow = jax.jit(
-            lambda c: S.steady_diamond_search(
+            lambda c: steady.steady_diamond_search(
                 prev_p, cur_p, blocks, c, pad=pad, block_size=bs, max_steps=8, decided=decided
             )
         )(costs)
@@ -530,10 +530,10 @@ def test_settled_steady_search_leaves_the_moving_blocks_at_their_first_step(n_mo
     assert (np.delete(v, movers, 0) == 0).all()
     np.testing.assert_array_equal(np.delete(ssd, movers), np.delete(full[1], movers))
     # each mover at the best point of its first step: the large diamond around 0
-    first = [S.PLANE_OFFSETS.index(o) for o in ((0, 0), *S.LARGE_DIAMOND)]
+    first = [steady.PLANE_OFFSETS.index(o) for o in ((0, 0), *S.LARGE_DIAMOND)]
     c = np.asarray(costs)
     for b in movers:
         assert tuple(v[b]) in S.LARGE_DIAMOND
-        assert ssd[b] == c[S.PLANE_OFFSETS.index(tuple(v[b])), b] == c[first, b].min()
+        assert ssd[b] == c[steady.PLANE_OFFSETS.index(tuple(v[b])), b] == c[first, b].min()
     if not full[2]:
         assert (v[movers] != full[0][movers]).any(-1).all()  # none got to (4, 0)

@@ -14,7 +14,7 @@ from skimage import data, transform
 from dcjax import deepcache
 from dcjax.config import RefineConfig
 from dcjax.transforms import refine as refine_lib
-from dcjax.transforms.signatures import DenseLayer
+from dcjax.transforms.records import DenseLayer
 
 SIZE = 32
 DN = ("NHWC", "HWIO", "NHWC")
@@ -270,11 +270,11 @@ def test_auto_leaves_the_layers_on_the_frame_to_the_matcher():
     jitted call) gets no change test when a block matcher runs; the layer behind it
     does. Without a matcher (the `delta` baseline) the frame's layers are tested, and
     naming a layer refines it whatever it reads."""
-    from dcjax.deepcache import _reads_frame
+    from dcjax.transforms.queries import reads_frame
 
     cached = _transform(RefineConfig(), FRAME_PARAMS, model=_frame_then_behind)
-    assert _reads_frame(cached._analysis, len(cached.layers)) == (True, True, False)
-    assert cached._refined == (False, False, True)
+    assert reads_frame(cached._analysis) == (True, True, False)
+    assert cached.plan.refined == (False, False, True)
     state = cached.init()
     assert state.refs[0] is None and state.refs[1] is None and state.refs[2] is not None
     frames = _photo_stream(4, 0.002, 0.005)
@@ -283,11 +283,11 @@ def test_auto_leaves_the_layers_on_the_frame_to_the_matcher():
     assert float(state.ref_scale[2]) > 0.0
 
     none = _transform(RefineConfig(), FRAME_PARAMS, model=_frame_then_behind, matcher="none")
-    assert none._refined == (True, True, True)
+    assert none.plan.refined == (True, True, True)
     named = _transform(
         RefineConfig(layers=(cached.layers[0].name,)), FRAME_PARAMS, model=_frame_then_behind
     )
-    assert named._refined == (True, False, False)
+    assert named.plan.refined == (True, False, False)
 
 
 @pytest.mark.parametrize("kernel", ["dense", "auto"])

@@ -21,8 +21,10 @@ from hypothesis import strategies as st
 from jax import lax
 
 from dcjax.transforms import regions
-from dcjax.transforms.interpreter import FrameContext, propagate_masks
-from dcjax.transforms.signatures import Spatial, analyze
+from dcjax.transforms.analysis import analyze
+from dcjax.transforms.interpreter import propagate_masks
+from dcjax.transforms.motion import FrameContext
+from dcjax.transforms.spatial import Spatial
 from dcjax.transforms.trace import trace_model
 
 H, W, C = 24, 20, 3

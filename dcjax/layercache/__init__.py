@@ -1,1 +1,0 @@
-"""dcjax subpackage."""
