@@ -94,8 +94,7 @@ def bench_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int
     if matcher_rows:
         common.write_json(os.path.splitext(args.json)[0] + ".matchers.json", matcher_rows)
     print(common.table([
-        {k: row[k] for k in ("model", "video", "method", "median ms", "speedup", "ideal",
-                             "efficiency", "top-1 agree", "match", "cache MiB")}
+        {k: row[k] for k in ("model", "video", *report.SHORT_COLUMNS, "cache MiB")}
         for row in report.summary_rows(records_out)
     ]))  # fmt: skip
     print(f"wrote {args.json}")

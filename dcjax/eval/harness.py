@@ -15,8 +15,8 @@
    for each frame, each method in turn calls ``step`` once and waits for
    everything it returned (``block_until_ready``), the order rotating from
    frame to frame. Interleaving the methods frame by frame keeps them under
-   the same machine load, so the ratio of medians is robust to load changing
-   during the run;
+   the same machine load, so the ratio of mean times is robust to load
+   changing during the run;
 4. each method then steps a few more times on the last frame repeated (the
    fixed cost of matching and caching when everything is reusable); a method
    timed through its twin then runs over the same frames from a fresh state,
@@ -26,7 +26,10 @@
    so with refinement, whose masks test computed values against thresholds,
    a value at a threshold can be decided differently in the two passes);
 5. one record per method (`dcjax.eval.metrics.make_record`), each compared
-   with ``nocache`` on the same frames (``nocache`` always runs).
+   on the same frames with the baselines, which always run (`BASELINES`):
+   ``nocache``, dcjax's dense lowering (``speedup_vs_dense``, and the
+   reference of every fidelity metric), and ``plain`` in both its forms, the
+   model as users write it (``speedup_vs_plain``, the faster form).
 
 `model_spec` builds a `ModelSpec` for a zoo model; `load_frames` decodes a
 video (a path or a bundled clip name) at a model's input size.
@@ -50,6 +53,7 @@ from dcjax.eval.methods import state_bytes
 from dcjax.eval.registry import ModelSpec, Runner, make_runner, parse_method
 
 __all__ = [
+    "BASELINES",
     "Evaluation",
     "evaluate",
     "first_leaf",
@@ -58,6 +62,9 @@ __all__ = [
     "model_spec",
     "zoo_table",
 ]
+
+#: The methods every evaluation runs as baselines (`dcjax.eval.methods`).
+BASELINES = ("nocache", "plain")
 
 
 def load_frames(
@@ -156,14 +163,15 @@ def first_leaf(out: Any) -> np.ndarray:
 
 
 def _static_frame_ms(runner: Runner, state: Any, frame: jax.Array, repeats: int = 5):
-    """Median step time on a frame repeated after itself (frames not refreshed only)."""
+    """Mean step time on a frame repeated after itself (frames not refreshed only,
+    but every frame of a method that recomputes every frame)."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         _, state, info = jax.block_until_ready(runner.step(state, frame))
-        if not bool(np.asarray(info["refreshed"])) or runner.method == "nocache":
+        if not bool(np.asarray(info["refreshed"])) or runner.method in BASELINES:
             times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times)) if times else None
+    return float(np.mean(times)) if times else None
 
 
 #: Prefix of the `evaluate` runner-cache keys of timed twins (`Runner.timed`).
@@ -199,7 +207,8 @@ def evaluate(
         spec: the model.
         frames: uint8 (T, H, W, 3) at ``spec.frame_shape``.
         methods: method specs (``"deepcache"``, ``"deepcache:psnr_threshold=25"``)
-            or ``(name, options)`` pairs; ``nocache`` is added first if absent.
+            or ``(name, options)`` pairs; the baselines are added where absent:
+            ``nocache`` first, ``plain:form=args`` and ``plain:form=const`` last.
         video_label: what the records call the video (the path given).
         warmup: frames stepped (and discarded) to compile each method.
         progress: show a tqdm progress bar.
@@ -227,6 +236,10 @@ def evaluate(
             parsed.append((variant, name, opts))
     if "nocache" not in [p[0] for p in parsed]:
         parsed.insert(0, ("nocache", "nocache", {}))
+    for form in metrics.PLAIN_FORMS:  # the plain baselines, after the methods asked for
+        variant = f"plain:form={form}"
+        if variant not in [p[0] for p in parsed]:
+            parsed.append((variant, "plain", {"form": form}))
 
     cache = {} if runner_cache is None else runner_cache
     for variant, name, opts in parsed:
@@ -295,7 +308,8 @@ def evaluate(
                 method=name,
                 variant=variant,
                 latencies_ms=times[variant],
-                nocache_latencies_ms=times["nocache"],
+                dense_latencies_ms=times["nocache"],
+                plain_latencies_ms={f: times[f"plain:form={f}"] for f in metrics.PLAIN_FORMS},
                 outputs=stacked_out[variant],
                 reference=stacked_out["nocache"],
                 infos=stacked_info[variant],

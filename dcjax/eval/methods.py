@@ -1,11 +1,15 @@
-"""The two core methods, ``nocache`` and ``deepcache``, and what method modules build on.
+"""The core methods, ``plain``, ``nocache`` and ``deepcache``, and what method modules build on.
 
-``nocache`` is the jitted model, every convolution computed in full; grouped
-and depthwise ones the way the sparse kernels' dense path computes them on CPU,
-where XLA's own are several times slower (option ``impl="plain"`` for
-``module.apply`` as it is, ``impl="const"`` for the weights baked in as
-compile-time constants). ``deepcache`` is `dcjax.deepcache.transform` with the
-method's options as `Config` fields.
+``plain`` is the model as users write it, ``jax.jit(model.apply)``, with the
+variables as arguments (``form="args"``) or closed over as constants
+(``form="const"``): the baseline of ``speedup_vs_plain``. ``nocache`` is
+dcjax's own dense lowering, every convolution computed in full the way the
+cached step computes what it does not reuse (grouped and depthwise ones the way
+the sparse kernels' dense path computes them on CPU, where XLA's own are
+several times slower; ``impl="const"`` bakes the weights in as constants): the
+baseline of ``speedup_vs_dense`` and the reference of every fidelity metric.
+``deepcache`` is `dcjax.deepcache.transform` with the method's options as
+`Config` fields.
 
 The helpers other method modules use: `deepcache_config` (a `Config` from
 method options, also a registry ``check``), `config_dict`, `transform`,
@@ -29,6 +33,7 @@ import numpy as np
 from dcjax import deepcache
 from dcjax import kernels as _kernels
 from dcjax.config import Config
+from dcjax.eval.metrics import PLAIN_FORMS
 from dcjax.eval.registry import (
     ModelSpec,
     Runner,
@@ -152,65 +157,97 @@ class _DensePolicy(Policy):
         return dense_conv(eqn, invals), None
 
 
+def _baseline_info(spec: ModelSpec) -> dict[str, jax.Array]:
+    """The ``info`` of a method that computes every frame in full."""
+    return {
+        "flops_ratio": jnp.float32(1.0),
+        "match_ratio": jnp.float32(jnp.nan),
+        "refreshed": jnp.bool_(True),
+        "reuse_fraction": jnp.zeros((len(spec.layers),), jnp.float32),
+    }
+
+
 def _nocache_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return checked_options(
-        "nocache", options, {"impl": "fast"}, {"impl": one_of(("fast", "plain", "const"))}
+        "nocache", options, {"impl": "fast"}, {"impl": one_of(("fast", "const"))}
     )
 
 
 @register_method(
     "nocache",
-    "the jitted model, every frame computed in full (the baseline)",
+    "dcjax's dense lowering: every frame computed in full, the way the cached step "
+    "computes what it does not reuse (the baseline of speedup_vs_dense)",
     check=_nocache_options,
 )
 def _nocache(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
-    """``impl="fast"`` (default): grouped convolutions as the kernels' dense branch computes
-    them; ``impl="plain"``: ``module.apply`` under `jax.jit`, XLA's own convolutions;
-    ``impl="const"``: ``fast`` with the weights baked into the executable as
-    constants, which lets XLA fold batch norms into the convolutions and fuse
-    their epilogues (the cached methods take the weights as arguments, as
-    ``jax.jit(model.apply)(variables, x)`` does; this variant shows what that
-    convention costs the baseline)."""
+    """``impl="fast"`` (default): the model through the interpreter, with grouped
+    convolutions as the kernels' dense path computes them (`fast_apply`) and the
+    weights as arguments, as the cached step takes them; ``impl="const"``: the
+    same with the weights baked into the executable as constants."""
     impl = _nocache_options(options)["impl"]
-    layers = spec.layers
-    n = len(layers)
-    info = {
-        "flops_ratio": jnp.float32(1.0),
-        "match_ratio": jnp.float32(jnp.nan),
-        "refreshed": jnp.bool_(True),
-        "reuse_fraction": jnp.zeros((n,), jnp.float32),
-    }
-    if impl == "plain":
-
-        @jax.jit
-        def _step(variables, state, frame):
-            return spec.apply(frame, variables), state, dict(info)
-
-        args = spec.variables
-    elif impl == "const":
-        apply, leaves = fast_apply(spec)
+    info = _baseline_info(spec)
+    apply, leaves = fast_apply(spec)
+    if impl == "const":
 
         @jax.jit
         def _baked(state, frame):
             return apply(leaves, frame), state, dict(info)
 
-        def _step(_, state, frame):
-            return _baked(state, frame)
-
-        args = None
+        step = _baked
     else:
-        apply, args = fast_apply(spec)
 
         @jax.jit
         def _step(leaves, state, frame):
             return apply(leaves, frame), state, dict(info)
 
+        step = functools.partial(_step, leaves)
     return Runner(
         method="nocache",
         init=lambda: (),
-        step=functools.partial(_step, args),
-        layers=layers,
+        step=step,
+        layers=spec.layers,
         config={"impl": impl},
+        total_flops=int(spec.analysis.total_flops),
+    )
+
+
+def _plain_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    return checked_options("plain", options, {"form": "args"}, {"form": one_of(PLAIN_FORMS)})
+
+
+@register_method(
+    "plain",
+    "the model as users write it, jax.jit(model.apply), XLA's own lowering (the "
+    "baseline of speedup_vs_plain)",
+    check=_plain_options,
+)
+def _plain(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
+    """``form="args"`` (default): ``jax.jit`` of the model with the variables
+    passed as arguments; ``form="const"``: with the variables closed over, so
+    that XLA sees them as constants (and may fold batch norms into the
+    convolutions)."""
+    form = _plain_options(options)["form"]
+    info = _baseline_info(spec)
+    if form == "const":
+
+        @jax.jit
+        def _closed(state, frame):
+            return spec.apply(frame), state, dict(info)
+
+        step = _closed
+    else:
+
+        @jax.jit
+        def _step(variables, state, frame):
+            return spec.apply(frame, variables), state, dict(info)
+
+        step = functools.partial(_step, spec.variables)
+    return Runner(
+        method="plain",
+        init=lambda: (),
+        step=step,
+        layers=spec.layers,
+        config={"form": form},
         total_flops=int(spec.analysis.total_flops),
     )
 

@@ -74,7 +74,7 @@ def test_bench_writes_json_and_report(tmp_path, capsys):
             "--report", str(html)]  # fmt: skip
     assert cli.main(argv) == 0
     records = json.loads(js.read_text())
-    assert [r["method"] for r in records] == ["nocache", "deepcache", "frame"]
+    assert [r["method"] for r in records] == ["nocache", "deepcache", "frame", "plain", "plain"]
     assert html.exists() and "latency_by_method.png" in html.read_text()
     assert f"{len(os.sched_getaffinity(0))} CPU core(s)" in html.read_text()
     assert "wrote" in capsys.readouterr().out

@@ -44,12 +44,13 @@ def test_run_writes_json_and_annotated_video(tmp_path, capsys):
     argv = ["run", "vtest", *TINY, "--json", str(js), "--out", str(mp4)]
     assert cli.main(argv) == 0
     records = json.loads(js.read_text())
-    assert [r["method"] for r in records] == ["nocache", "deepcache"]
+    assert [r["method"] for r in records] == ["nocache", "deepcache", "plain", "plain"]
     for r in records:
         metrics.check_record(r)
         assert r["model"] == "dave" and r["video"] == "vtest" and r["frames"] == 3
     assert video.info(mp4).frames == 3
-    assert "speedup" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "vs plain" in out and "vs dense" in out and "p99 ms" in out
 
 
 def test_profile_prints_where_the_time_goes_and_writes_json(tmp_path, capsys):

@@ -161,7 +161,7 @@ class _Grouped(nn.Module):
         return x.mean((1, 2))
 
 
-def test_nocache_fast_and_plain_agree_on_grouped_convolutions(clip):
+def test_nocache_and_plain_agree_on_grouped_convolutions(clip):
     module = _Grouped()
     size = clip.shape[1]
     variables = module.init(jax.random.PRNGKey(1), jnp.zeros((1, size, size, 3)))
@@ -169,18 +169,23 @@ def test_nocache_fast_and_plain_agree_on_grouped_convolutions(clip):
         name="grouped", module=module, variables=variables, frame_shape=(size, size, 3)
     )
     fast = make_runner(spec, "nocache")
-    plain = make_runner(spec, "nocache", {"impl": "plain"})
+    plain = make_runner(spec, "plain")
+    closed = make_runner(spec, "plain", {"form": "const"})
     const = make_runner(spec, "nocache", {"impl": "const"})
-    assert fast.config == {"impl": "fast"} and plain.config == {"impl": "plain"}
-    assert const.config == {"impl": "const"}
+    assert fast.config == {"impl": "fast"} and plain.config == {"form": "args"}
+    assert const.config == {"impl": "const"} and closed.config == {"form": "const"}
     a, _, _ = _steps(fast, clip[:2])
     b, _, _ = _steps(plain, clip[:2])
     c, _, _ = _steps(const, clip[:2])
+    d, _, _ = _steps(closed, clip[:2])
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(c, a, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(d, b, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(b, _reference(spec, clip[:2]), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="impl"):
-        make_runner(spec, "nocache", {"impl": "fastest"})
+        make_runner(spec, "nocache", {"impl": "plain"})  # the plain model is its own method
+    with pytest.raises(ValueError, match="form"):
+        make_runner(spec, "plain", {"form": "fast"})
 
 
 def test_config_dict_is_json_serialisable():
@@ -189,9 +194,7 @@ def test_config_dict_is_json_serialisable():
 
     from dcjax.config import Config
 
-    cfg = Config(
-        matcher="histogram", matcher_options={"grid": (4, 4)}, psnr_threshold=float("inf")
-    )
+    cfg = Config(matcher="histogram", matcher_options={"grid": (4, 4)}, psnr_threshold=float("inf"))
     d = methods.config_dict(cfg)
     assert json.loads(json.dumps(d)) == d
     assert d["matcher_options"] == {"grid": [4, 4], "bins": 16, "distance_threshold": 0.005}

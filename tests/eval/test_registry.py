@@ -120,7 +120,8 @@ def test_check_method_refuses_bad_values_naming_them(spec, named):
 @pytest.mark.parametrize(
     "spec",
     [
-        "nocache:impl=plain",
+        "nocache:impl=const",
+        "plain:form=args",
         "deepcache:psnr_threshold=25,block_size=20",
         "deepcache+refine:delta=0.1,layers=('a','b')",
         "delta:delta=0",
