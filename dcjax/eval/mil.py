@@ -116,9 +116,6 @@ def _options(options: Mapping[str, Any]) -> dict[str, Any]:
     return checked_options("mil", options, DEFAULTS, _RULES)
 
 
-@register_method(
-    "mil", "matching internal layers: per-layer block tests on feature maps", check=_options
-)
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _MilLayer:
     """What MIL computed at one matched layer."""
@@ -157,6 +154,9 @@ class _MilPolicy(Policy):
         )  # fmt: skip
 
 
+@register_method(
+    "mil", "matching internal layers: per-layer block tests on feature maps", check=_options
+)
 def _mil(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
     opts = _options(options)
     block, thr = opts["block_size"], float(opts["psnr_threshold"])

@@ -20,7 +20,7 @@ def test_a_truncated_video_runs_on_the_frames_before_the_break(bad_videos, tmp_p
     assert cli.main(argv) == 0
     out, err = capsys.readouterr()
     assert "dcjax: warning:" in err and "stopped at frame 9" in err and "those 9 frames" in err
-    assert [r["frames"] for r in json.loads(js.read_text())] == [9, 9]
+    assert [r["frames"] for r in json.loads(js.read_text())] == [9] * 4  # with plain
     assert "9 frames from frame 0" in out
     argv = ["bench", "--models", "dave", "--width", "0.25", "--methods", "nocache", "--frames",
             "50", "--no-progress", "--videos", str(bad_videos / "cut.mp4"), "--json",
@@ -87,7 +87,7 @@ def test_demo_writes_report(tmp_path, capsys):
         assert os.path.exists(out_dir / png), png
         assert f"href='{png}'" in html
     records = json.loads((out_dir / "metrics.json").read_text())
-    assert [r["method"] for r in records] == ["nocache", "deepcache"]
+    assert [r["method"] for r in records] == ["nocache", "deepcache", "plain", "plain"]
 
 
 def test_nothing_sparse_note_only_when_every_layer_ran_in_full():

@@ -82,6 +82,7 @@ def test_parse_method_keeps_commas_inside_brackets_and_quotes():
 # of its options before a model is loaded
 _BAD_SPECS = [
     ("nocache:impl=fastest", "impl='fastest'"),
+    ("plain:form=fast", "form='fast'"),
     ("deepcache:block_size=-3", "block_size"),
     ("deepcache:bogus=1", "'bogus'"),
     ("deepcache+refine:delta=-1", "delta"),
