@@ -47,7 +47,7 @@ gpu-run:
 	JAX_DEFAULT_MATMUL_PRECISION=highest PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q \
 		tests/kernels/test_pallas.py tests/kernels/test_api.py tests/test_deepcache.py \
 		tests/transforms/test_refine.py -k "$(GPU_TESTS)"
-	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m dcjax.kernels.bench --impls xla,pallas \
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m dcjax bench kernels --impls xla,pallas \
 		--precision default --out bench-results/kernels-gpu.json
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m dcjax bench --models resnet50 alexnet googlenet \
 		yolo_tiny dave efficientnet_lite0 --videos vtest box --methods nocache deepcache deepcache:kernel=pallas \

@@ -15,13 +15,15 @@
 # # A small benchmark
 #
 # The same harness as `dcjax bench`: every method steps through the same frames
-# in one process, interleaved frame by frame, and is compared with `nocache`.
-# Speedup is the ratio of median per-frame latencies (matching included); the
-# ideal speedup is what the skipped FLOPs would give.
+# in one process, interleaved frame by frame, and is compared with two
+# baselines: the plain `jax.jit(model.apply)` ("vs plain") and dcjax's own
+# dense lowering, `nocache` ("vs dense"). Both are ratios of mean times per
+# frame, refresh and still frames included (matching too); the ideal speedup is
+# what the skipped FLOPs would give.
 #
 # Environment variables (for quick test runs): `DCJAX_NB_MODELS` (default
 # `alexnet`), `DCJAX_NB_FRAMES` (default 40), `DCJAX_NB_WIDTH` (default 1.0).
-# Timings on a shared machine are noisy: read them as medians, not promises.
+# Timings on a shared machine are noisy: compare within one run.
 
 # %%
 # %matplotlib inline
@@ -31,13 +33,14 @@ import matplotlib.pyplot as plt  # noqa: F401  (selects the inline backend in Ju
 from IPython.display import display
 
 # %%
-from dcjax.eval import bench, plots, report
+from dcjax.bench import evaluation
+from dcjax.eval import plots, report
 
 MODELS = os.environ.get("DCJAX_NB_MODELS", "alexnet").split()
 FRAMES = int(os.environ.get("DCJAX_NB_FRAMES", "40"))
 WIDTH = float(os.environ.get("DCJAX_NB_WIDTH", "1.0"))
 
-records, matcher_rows = bench.run_bench(
+records, matcher_rows = evaluation.run_bench(
     MODELS,
     ["vtest"],
     ["nocache", "deepcache", "deepmon", "mil", "frame"],
@@ -53,17 +56,7 @@ records, matcher_rows = bench.run_bench(
 
 # %%
 rows = report.summary_rows(records)
-cols = [
-    "model",
-    "method",
-    "median ms",
-    "speedup",
-    "ideal",
-    "efficiency",
-    "top-1 agree",
-    "match",
-    "refreshes",
-]
+cols = ["model", *report.SHORT_COLUMNS]
 print("  ".join(f"{c:>12s}" for c in cols))
 for row in rows:
     print("  ".join(f"{row[c][-12:]:>12s}" for c in cols))

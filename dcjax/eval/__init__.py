@@ -1,37 +1,61 @@
 """Evaluation: the method registry, the measuring harness, metrics, plots, reports.
 
-- `dcjax.eval.methods`: ``METHODS`` and ``register_method`` (``nocache``,
-  ``deepcache``, and the baselines ``deepmon``, ``mil``, ``frame``);
+- `dcjax.eval.registry`: ``METHODS``, ``register_method``, ``make_runner``,
+  ``ModelSpec``, ``Runner``; the methods register themselves when their
+  modules are imported, which this package does for all of them:
+  `dcjax.eval.methods` (``nocache``, ``deepcache``),
+  `dcjax.eval.refine_methods` (``deepcache+refine``, ``delta``),
+  `dcjax.eval.semantic_methods` (``semantic``, ``deepcache+semantic``), and
+  the baselines `dcjax.eval.deepmon`, `dcjax.eval.mil`, `dcjax.eval.frame`;
 - `dcjax.eval.harness`: ``evaluate`` (interleaved per-frame timing of methods on
   the same frames), ``model_spec``, ``load_frames``;
 - `dcjax.eval.metrics`: the JSON record of one (model, video, method);
-- `dcjax.eval.bench`: the paper's evaluation (``dcjax bench``);
 - `dcjax.eval.profile`: where a method's time goes, layer by layer
   (``dcjax profile``);
 - `dcjax.eval.ceiling`: the ideal speedup of reuse settings against their
-  fidelity, every reuse taken (``python -m dcjax.eval.ceiling``);
+  fidelity, every reuse taken (``dcjax bench ceiling``);
 - `dcjax.eval.plots` and `dcjax.eval.report`: matplotlib figures and the HTML
   report (imported on demand, they need matplotlib).
+
+The paper's evaluation over models x videos x methods (``dcjax bench``) is
+`dcjax.bench.evaluation`.
 """
 
-from dcjax.eval import bench, harness, methods, metrics
+# Every method module, imported once here so that each registers its methods;
+# no module of this package imports this one.
+from dcjax.eval import (
+    deepmon,
+    frame,
+    harness,
+    methods,
+    metrics,
+    mil,
+    refine_methods,
+    registry,
+    semantic_methods,
+)
 from dcjax.eval.harness import Evaluation, evaluate, load_frames, model_spec
-from dcjax.eval.methods import METHODS, ModelSpec, Runner, register_method
 from dcjax.eval.metrics import check_record, make_record
+from dcjax.eval.registry import METHODS, ModelSpec, Runner, register_method
 
 __all__ = [
     "METHODS",
     "Evaluation",
     "ModelSpec",
     "Runner",
-    "bench",
     "check_record",
+    "deepmon",
     "evaluate",
+    "frame",
     "harness",
     "load_frames",
     "make_record",
     "methods",
     "metrics",
+    "mil",
     "model_spec",
+    "refine_methods",
     "register_method",
+    "registry",
+    "semantic_methods",
 ]

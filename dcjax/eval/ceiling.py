@@ -1,7 +1,5 @@
 """The reuse ceiling: what a reuse setting could save at best, and what it costs in fidelity.
 
-``python -m dcjax.eval.ceiling --model efficientnet_lite0 --video vtest``
-
 A measured speedup mixes two things: how much work a setting lets the step
 skip, and how fast the kernels skip it. This module measures the first alone,
 together with its price in fidelity, so that a target of the form "speedup X at
@@ -33,19 +31,14 @@ top-1 agreement reaches a target: no kernel can make that setting faster than
 its ideal, so where a target speedup exceeds it, the target is out of reach for
 this model on this clip at that agreement, whatever the kernels do.
 
-The command sweeps PSNR thresholds, ``RefineConfig.delta`` values and
-refinement layer rules (a ``delta`` of 0 is plain DeepCache), prints a table
-and the best setting at ``--target``, and writes the records as JSON
-(``bench-results/ceiling.json`` by default).
+`sweep_configs` lists the settings of a sweep of PSNR thresholds,
+``RefineConfig.delta`` values and refinement layer rules; ``dcjax bench
+ceiling`` (`dcjax.bench.ceiling`) runs one on a zoo model and a video.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import math
-import os
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -57,7 +50,7 @@ from dcjax import deepcache
 from dcjax.config import Config, RefineConfig
 from dcjax.eval import metrics
 
-__all__ = ["best", "main", "reuse_ceiling", "sweep_configs"]
+__all__ = ["best", "reuse_ceiling", "sweep_configs"]
 
 
 def sweep_configs(
@@ -169,135 +162,13 @@ def best(records: Sequence[Mapping[str, Any]], target: float) -> Mapping[str, An
 
 
 def _output(out: Any) -> np.ndarray:
-    """One frame's output as the harness compares it (`harness._first_leaf`), in float64."""
-    from dcjax.eval.harness import _first_leaf
+    """One frame's output as the harness compares it (`harness.first_leaf`), in float64."""
+    from dcjax.eval.harness import first_leaf
 
-    return _first_leaf(out).astype(np.float64)
+    return first_leaf(out).astype(np.float64)
 
 
 def _layers_name(refine: RefineConfig | None) -> str | None:
     if refine is None:
         return None
     return refine.layers if isinstance(refine.layers, str) else ",".join(refine.layers)
-
-
-def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def _rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-    """The printed table's rows (`dcjax.cli._table` lays them out)."""
-    return [
-        {
-            "setting": r["label"],
-            "ideal": _fmt(r["ideal_speedup"], ".2f") + "x",
-            "ideal (reuse frames)": _fmt(r["ideal_speedup_reuse"], ".2f")
-            + ("x" if r["ideal_speedup_reuse"] else ""),
-            "input reuse": _fmt(100 * r["input_reuse"], ".1f") + " %",
-            "top-1": "-" if r["top1_agreement"] is None else f"{100 * r['top1_agreement']:.1f} %",
-            "rel MSE": _fmt(r["output_rel_mse"], ".2e"),
-        }
-        for r in records
-    ]
-
-
-def _number(what: str, ok, need: str):
-    """An argparse type: a float for which ``ok`` holds, else "WHAT 'x' must be NEED"."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if math.isnan(value) or not ok(value):
-            raise argparse.ArgumentTypeError(f"{what} {text!r} must be {need}")
-        return value
-
-    return parse
-
-
-_threshold = _number("threshold", lambda v: v > 0, "a positive number of dB")
-_delta = _number("delta", lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """The command (see the module docstring); bad arguments exit with status 2."""
-    from dcjax import models
-    from dcjax.cli import _load_clip, _message, _table
-    from dcjax.eval import bench, harness
-
-    ap = argparse.ArgumentParser(prog="python -m dcjax.eval.ceiling", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("--model", default="efficientnet_lite0", help="zoo model")
-    ap.add_argument("--pretrained", choices=("auto", "yes", "no"), default="auto",
-                    help="real weights where available (auto), always, never")  # fmt: skip
-    ap.add_argument("--video", default="vtest", help="video file or bundled clip name")
-    ap.add_argument("--frames", type=int, default=80, help="frames (default 80)")
-    ap.add_argument("--start", type=int, default=0, help="frames to skip first")
-    ap.add_argument("--thresholds", type=_threshold, nargs="+", default=[20.0],
-                    help="PSNR thresholds in dB (default 20; inf never reuses)")  # fmt: skip
-    ap.add_argument("--deltas", type=_delta, nargs="+", default=[0.0, 0.05],
-                    help="refinement deltas (0: plain DeepCache; default 0 0.05)")  # fmt: skip
-    ap.add_argument("--layers", choices=("auto", "all"), nargs="+", default=["auto"],
-                    help="refinement layer rules (default auto)")  # fmt: skip
-    ap.add_argument("--target", type=float, default=0.97,
-                    help="top-1 agreement the best setting must keep (default 0.97)")  # fmt: skip
-    ap.add_argument("--width", type=float, default=1.0, help="channel multiplier of zoo models")
-    ap.add_argument("--out", default=os.path.join("bench-results", "ceiling.json"))
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = ap.parse_args(argv)
-    if args.model not in models.names():
-        ap.error(f"argument --model: unknown model {args.model!r}; one of {list(models.names())}")
-    if args.frames < 2:
-        ap.error(f"argument --frames: must be at least 2, got {args.frames}")
-    if args.start < 0:
-        ap.error(f"argument --start: must be >= 0, got {args.start}")
-    if not 0.0 <= args.target <= 1.0:
-        ap.error(f"argument --target: must be in [0, 1], got {args.target}")
-    if args.width <= 0:
-        ap.error(f"argument --width: must be positive, got {args.width}")
-    try:
-        path = harness.resolve_video(args.video)
-    except FileNotFoundError as e:
-        ap.error(f"argument --video: {e}")
-    has_weights = models.info(args.model).pretrained
-    if args.pretrained == "yes" and not (has_weights and args.width == 1.0):
-        ap.error(
-            f"argument --pretrained: {args.model}'s pretrained weights are for --width 1 only"
-            if has_weights
-            else f"argument --pretrained: {args.model} has no pretrained weights (use auto or no)"
-        )
-    want = args.pretrained == "yes" or (args.pretrained == "auto" and has_weights
-                                        and args.width == 1.0)  # fmt: skip
-    spec = harness.model_spec(args.model, pretrained=want, width=args.width)
-    try:  # a video that breaks part way runs on the frames decoded before the break
-        frames = _load_clip(path, spec.frame_shape, frames=args.frames, start=args.start)
-    except Exception as e:  # an unreadable or too short video, named in one line
-        ap.error(f"argument --video: {_message(e)}")
-    if len(frames) < 2:
-        ap.error(f"argument --video: {len(frames)} frame(s) decoded, at least 2 needed")
-    weights = "pretrained" if want else "random-weight"
-    print(f"{weights} {args.model} over {len(frames)} frames of {args.video} "
-          f"from frame {args.start}, every reuse taken (kernel='reference')")  # fmt: skip
-    configs = sweep_configs(args.thresholds, args.deltas, args.layers)
-    records = reuse_ceiling(
-        spec.module, spec.variables, frames, configs, preprocess=spec.preprocess,
-        progress=not args.no_progress and sys.stderr.isatty(),
-    )  # fmt: skip
-    for r in records:
-        r.update(model=args.model, video=args.video, pretrained=bool(want), start=args.start)
-    print(_table(_rows(records)))
-    top = best(records, args.target)
-    if records[0]["top1_agreement"] is None:
-        print("the output is not class scores: no top-1 agreement (compare rel MSE)")
-    elif top is None:
-        print(f"no setting keeps {100 * args.target:.0f} % top-1 agreement")
-    else:
-        print(f"best at >= {100 * args.target:.0f} % top-1 agreement: {top['label']}, "
-              f"ideal {top['ideal_speedup']:.2f}x")  # fmt: skip
-    bench.write_json(args.out, records)
-    print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

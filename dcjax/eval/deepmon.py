@@ -37,19 +37,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from dcjax.eval.methods import (
+from dcjax.eval.methods import config_dict, deepcache_config, transform, with_timed_twin
+from dcjax.eval.registry import (
     ModelSpec,
     Runner,
     cached_layers,
     checked_options,
-    config_dict,
-    deepcache_config,
     number,
     one_of,
     positive_int,
     register_method,
-    transform,
-    with_timed_twin,
 )
 from dcjax.kernels import IMPLS
 

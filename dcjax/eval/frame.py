@@ -27,11 +27,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from dcjax import matching
-from dcjax.eval.methods import (
+from dcjax.eval.methods import fast_apply
+from dcjax.eval.registry import (
     ModelSpec,
     Runner,
     checked_options,
-    fast_apply,
     number,
     optional_positive_int,
     positive_int,

@@ -5,7 +5,7 @@
 
 1. the frames are decoded up front (decoding is not timed) and put on the
    device as uint8 ``(H, W, 3)`` arrays;
-2. every method is instantiated (`dcjax.eval.methods`) and warmed up on the
+2. every method is instantiated (`dcjax.eval.registry.make_runner`) and warmed up on the
    first frames from a fresh state, which compiles its step (the compile time
    is recorded, not counted); a method with a twin without per-layer
    statistics (`Runner.timed`: DeepCache's methods, whose statistics need
@@ -15,8 +15,8 @@
    for each frame, each method in turn calls ``step`` once and waits for
    everything it returned (``block_until_ready``), the order rotating from
    frame to frame. Interleaving the methods frame by frame keeps them under
-   the same machine load, so the ratio of medians is robust to load changing
-   during the run;
+   the same machine load, so the ratio of mean times is robust to load
+   changing during the run;
 4. each method then steps a few more times on the last frame repeated (the
    fixed cost of matching and caching when everything is reusable); a method
    timed through its twin then runs over the same frames from a fresh state,
@@ -26,7 +26,10 @@
    so with refinement, whose masks test computed values against thresholds,
    a value at a threshold can be decided differently in the two passes);
 5. one record per method (`dcjax.eval.metrics.make_record`), each compared
-   with ``nocache`` on the same frames (``nocache`` always runs).
+   on the same frames with the baselines, which always run (`BASELINES`):
+   ``nocache``, dcjax's dense lowering (``speedup_vs_dense``, and the
+   reference of every fidelity metric), and ``plain`` in both its forms, the
+   model as users write it (``speedup_vs_plain``, the faster form).
 
 `model_spec` builds a `ModelSpec` for a zoo model; `load_frames` decodes a
 video (a path or a bundled clip name) at a model's input size.
@@ -46,31 +49,22 @@ import numpy as np
 
 from dcjax import matching, models, video
 from dcjax.eval import metrics
-from dcjax.eval.methods import ModelSpec, Runner, make_runner, parse_method, state_bytes
+from dcjax.eval.methods import state_bytes
+from dcjax.eval.registry import ModelSpec, Runner, make_runner, parse_method
 
 __all__ = [
+    "BASELINES",
     "Evaluation",
     "evaluate",
+    "first_leaf",
     "input_masks",
     "load_frames",
     "model_spec",
-    "resolve_video",
     "zoo_table",
 ]
 
-
-def resolve_video(name_or_path: str) -> str:
-    """A bundled clip name (``vtest``, ``box``, ...) or a file path, as a path.
-
-    Raises:
-        FileNotFoundError: neither a bundled clip nor an existing file.
-    """
-    if os.path.exists(name_or_path):
-        return name_or_path
-    try:
-        return str(video.clip_path(name_or_path))
-    except Exception as e:
-        raise FileNotFoundError(f"no such video file or bundled clip: {name_or_path!r}") from e
+#: The methods every evaluation runs as baselines (`dcjax.eval.methods`).
+BASELINES = ("nocache", "plain")
 
 
 def load_frames(
@@ -97,7 +91,7 @@ def load_frames(
     h, w = int(frame_shape[0]), int(frame_shape[1])
     out: list[np.ndarray] = []
     try:
-        for frame in video.read(resolve_video(path), size=(h, w), max_frames=frames,
+        for frame in video.read(video.resolve(path), size=(h, w), max_frames=frames,
                                 start=start, mode=mode):  # fmt: skip
             out.append(frame)
     except video.TruncatedVideoError as e:
@@ -157,7 +151,9 @@ class Evaluation:
     outputs: dict[str, np.ndarray]
 
 
-def _first_leaf(out: Any) -> np.ndarray:
+def first_leaf(out: Any) -> np.ndarray:
+    """A step's output as the harness compares it: its one leaf as an array, or
+    every leaf flattened and concatenated."""
     leaves = jax.tree_util.tree_leaves(out)
     return (
         np.asarray(leaves[0])
@@ -167,14 +163,15 @@ def _first_leaf(out: Any) -> np.ndarray:
 
 
 def _static_frame_ms(runner: Runner, state: Any, frame: jax.Array, repeats: int = 5):
-    """Median step time on a frame repeated after itself (frames not refreshed only)."""
+    """Mean step time on a frame repeated after itself (frames not refreshed only,
+    but every frame of a method that recomputes every frame)."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         _, state, info = jax.block_until_ready(runner.step(state, frame))
-        if not bool(np.asarray(info["refreshed"])) or runner.method == "nocache":
+        if not bool(np.asarray(info["refreshed"])) or runner.method in BASELINES:
             times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times)) if times else None
+    return float(np.mean(times)) if times else None
 
 
 #: Prefix of the `evaluate` runner-cache keys of timed twins (`Runner.timed`).
@@ -210,7 +207,8 @@ def evaluate(
         spec: the model.
         frames: uint8 (T, H, W, 3) at ``spec.frame_shape``.
         methods: method specs (``"deepcache"``, ``"deepcache:psnr_threshold=25"``)
-            or ``(name, options)`` pairs; ``nocache`` is added first if absent.
+            or ``(name, options)`` pairs; the baselines are added where absent:
+            ``nocache`` first, ``plain:form=args`` and ``plain:form=const`` last.
         video_label: what the records call the video (the path given).
         warmup: frames stepped (and discarded) to compile each method.
         progress: show a tqdm progress bar.
@@ -238,6 +236,10 @@ def evaluate(
             parsed.append((variant, name, opts))
     if "nocache" not in [p[0] for p in parsed]:
         parsed.insert(0, ("nocache", "nocache", {}))
+    for form in metrics.PLAIN_FORMS:  # the plain baselines, after the methods asked for
+        variant = f"plain:form={form}"
+        if variant not in [p[0] for p in parsed]:
+            parsed.append((variant, "plain", {"form": form}))
 
     cache = {} if runner_cache is None else runner_cache
     for variant, name, opts in parsed:
@@ -291,7 +293,7 @@ def evaluate(
     for variant, runner in reporting.items():
         if runner is not runners[variant]:  # the statistics, from an untimed pass
             infos[variant] = _replay_infos(runner, dev_frames, progress, f"{variant} statistics")
-    stacked_out = {v: np.stack([_first_leaf(o) for o in outs[v]]) for v in runners}
+    stacked_out = {v: np.stack([first_leaf(o) for o in outs[v]]) for v in runners}
     stacked_info = {
         v: {k: np.stack([np.asarray(i[k]) for i in infos[v]]) for k in infos[v][0]} for v in runners
     }
@@ -306,7 +308,8 @@ def evaluate(
                 method=name,
                 variant=variant,
                 latencies_ms=times[variant],
-                nocache_latencies_ms=times["nocache"],
+                dense_latencies_ms=times["nocache"],
+                plain_latencies_ms={f: times[f"plain:form={f}"] for f in metrics.PLAIN_FORMS},
                 outputs=stacked_out[variant],
                 reference=stacked_out["nocache"],
                 infos=stacked_info[variant],
@@ -342,28 +345,19 @@ def input_masks(
         bool (T, H, W).
     """
     cfg = dict(config)
-    matcher = cfg.get("matcher", "static")
-    common = dict(
+    name = cfg.get("matcher", "static")
+    options = dict(cfg.get("matcher_options") or {})
+    if "grid" in options:
+        options["grid"] = tuple(options["grid"])
+    matcher = matching.StreamMatcher(
+        name=name,
+        options=matching.matcher_options(name, options),
         block_size=int(cfg.get("block_size", 10)),
         psnr_threshold=float(cfg.get("psnr_threshold", 20.0)),
         color=cfg.get("color", "luma"),
         data_range=cfg.get("data_range"),
     )
-    options = dict(cfg.get("matcher_options") or {})
-    if "grid" in options:
-        options["grid"] = tuple(options["grid"])
-
-    @jax.jit
-    def one(prev, cur):
-        if matcher == "histogram":
-            m = matching.histogram_match(prev, cur, **options)
-        elif matcher == "static":
-            m = matching.static_match(prev, cur, **common)
-        else:
-            m = matching.match(
-                prev, cur, search=matcher, **common, **{"all_vectors": False, **options}
-            )
-        return m.mask
+    one = jax.jit(lambda prev, cur: matcher.match_frames(prev, cur).mask)
 
     masks = [np.zeros(frames.shape[1:3], bool)]
     for t in range(1, len(frames)):

@@ -5,23 +5,32 @@ step infos) into a record with the keys of `RECORD_KEYS`; `check_record`
 verifies a record's schema and internal consistency (the tests and the
 report rely on it). The definitions:
 
-- ``latency_ms``: ``median``, ``p90`` and ``mean`` of the per-frame wall time
-  of ``step`` (matching included, ``block_until_ready`` on everything it
-  returns, after a warm-up that compiles), over the same frames as
-  ``nocache_latency_ms``.
-- ``speedup`` = ``nocache_latency_ms.median / latency_ms.median``;
-  ``speedup_mean`` = the same with means, the one to compare with
-  ``ideal_speedup`` (a mean over frames) when latencies are bimodal (a method
-  whose typical frame is free, like ``frame``, has a median speedup far above
-  its mean one).
-- where the time goes: ``latency_refresh_ms`` and ``latency_reuse_ms``, the
-  median latency of the frames recomputed in full and of the others;
-  ``static_frame_ms``, the median latency of a frame identical to the previous
-  one (everything reusable: the fixed cost of matching and caching).
+- Time per frame: ``mean_ms``, ``p50_ms`` and ``p99_ms`` of the per-frame wall
+  time of ``step`` (matching included, ``block_until_ready`` on everything it
+  returns, after a warm-up that compiles), refresh and still frames included;
+  ``throughput_fps`` = frames over their total time (``1000 / mean_ms``).
+- Two baselines, timed in the same process on the same frames, interleaved
+  with the method frame by frame: ``plain_mean_ms``, the model as users write
+  it, ``jax.jit(model.apply)``, in the faster (by mean) of its two common
+  forms, named in ``plain_form``: ``"args"`` (variables passed as arguments)
+  or ``"const"`` (closed over as constants, which lets XLA fold batch norms
+  into the convolutions); and ``dense_mean_ms``, dcjax's own dense lowering
+  (``nocache``: every layer computed in full, the way the cached step computes
+  what it does not reuse). ``speedup_vs_plain`` = ``plain_mean_ms /
+  mean_ms`` and ``speedup_vs_dense`` = ``dense_mean_ms / mean_ms``: ratios of
+  mean times, what the cache gains over what a user would run without it, and
+  what the cache alone adds.
 - ``ideal_speedup`` = ``1 / mean(flops_ratio)``: the speedup a perfect sparse
-  kernel with free matching would give, from the FLOPs of convolutions and
-  matrix products computed.
-- ``efficiency`` = ``speedup / ideal_speedup``.
+  kernel with free matching would give over the dense lowering, from the
+  FLOPs of convolutions and matrix products computed, every frame counted
+  (a still frame skipped whole computes none). ``efficiency`` =
+  ``speedup_vs_dense / ideal_speedup``, at most 1 up to timing noise.
+  ``still_fraction``: the fraction of frames the method skipped whole as
+  still (0 for methods that never do).
+- Where the time goes: ``refresh_frame_ms`` and ``other_frame_ms``, the mean
+  time of the frames recomputed in full and of the others;
+  ``static_frame_ms``, the mean time of a frame identical to the previous one
+  (everything reusable: the fixed cost of matching and caching).
 - ``top1_agreement``: fraction of frames whose arg-max class equals the
   no-cache output's; ``top5_agreement``: fraction whose no-cache top-1 class is
   among the method's top five. ``None`` for outputs that are not class scores
@@ -57,6 +66,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "PLAIN_FORMS",
     "RECORD_KEYS",
     "agreement",
     "check_record",
@@ -74,12 +84,18 @@ RECORD_KEYS = (
     "variant",
     "frames",
     "frame_shape",
-    "latency_ms",
-    "nocache_latency_ms",
-    "speedup",
-    "speedup_mean",
+    "mean_ms",
+    "p50_ms",
+    "p99_ms",
+    "throughput_fps",
+    "plain_mean_ms",
+    "plain_form",
+    "dense_mean_ms",
+    "speedup_vs_plain",
+    "speedup_vs_dense",
     "ideal_speedup",
     "efficiency",
+    "still_fraction",
     "top1_agreement",
     "top5_agreement",
     "top1_stability",
@@ -92,23 +108,29 @@ RECORD_KEYS = (
     "per_layer",
     "config",
     "compile_s",
-    "latency_refresh_ms",
-    "latency_reuse_ms",
+    "refresh_frame_ms",
+    "other_frame_ms",
     "static_frame_ms",
     "backend",
     "timing",
 )
 
 
+#: The forms of the plain baseline, ``jax.jit(model.apply)`` (see the module docstring).
+PLAIN_FORMS = ("args", "const")
+
+
 def latency_stats(ms: Sequence[float]) -> dict[str, float]:
-    """``median``, ``p90`` and ``mean`` of per-frame latencies in ms."""
+    """``mean_ms``, ``p50_ms``, ``p99_ms`` and ``throughput_fps`` of per-frame times in ms."""
     a = np.asarray(ms, np.float64)
     if a.size == 0:
         raise ValueError("dcjax: no latencies to summarise")
+    mean = float(a.mean())
     return {
-        "median": float(np.median(a)),
-        "p90": float(np.percentile(a, 90)),
-        "mean": float(a.mean()),
+        "mean_ms": mean,
+        "p50_ms": float(np.percentile(a, 50)),
+        "p99_ms": float(np.percentile(a, 99)),
+        "throughput_fps": 1000.0 * a.size / float(a.sum()),
     }
 
 
@@ -178,8 +200,8 @@ def fidelity(reference: np.ndarray, outputs: np.ndarray) -> dict[str, float | No
     }
 
 
-def _median_or_none(values: np.ndarray) -> float | None:
-    return float(np.median(values)) if len(values) else None
+def _mean_or_none(values: np.ndarray) -> float | None:
+    return float(np.mean(values)) if len(values) else None
 
 
 def _bool_or_none(value: Any) -> bool | None:
@@ -199,7 +221,8 @@ def make_record(
     method: str,
     variant: str,
     latencies_ms: Sequence[float],
-    nocache_latencies_ms: Sequence[float],
+    dense_latencies_ms: Sequence[float],
+    plain_latencies_ms: Mapping[str, Sequence[float]],
     outputs: np.ndarray,
     reference: np.ndarray,
     infos: Mapping[str, np.ndarray],
@@ -218,7 +241,10 @@ def make_record(
     Args:
         model, video, method, variant: identification (``variant`` is the
             method spec with its options, e.g. ``deepcache:psnr_threshold=25``).
-        latencies_ms, nocache_latencies_ms: per-frame step times, same frames.
+        latencies_ms: the method's per-frame step times.
+        dense_latencies_ms: ``nocache``'s (dcjax's dense lowering), same frames.
+        plain_latencies_ms: per form of `PLAIN_FORMS` measured, the plain
+            ``jax.jit(model.apply)``'s, same frames.
         outputs, reference: (T, ...) outputs of the method and of ``nocache``.
         infos: per-frame step infos stacked along T (``flops_ratio``,
             ``match_ratio``, ``refreshed``, ``reuse_fraction``).
@@ -228,13 +254,18 @@ def make_record(
         config: the method's settings.
         frame_shape: (H, W, 3).
         compile_s: warm-up (compile) seconds.
-        static_frame_ms: median step time on a repeated frame, if measured.
+        static_frame_ms: mean step time on a repeated frame, if measured.
         backend: jax backend the timings come from.
         timing: how methods were timed (``interleaved``: every method steps on a
             frame before the next frame).
     """
-    lat, ref_lat = latency_stats(latencies_ms), latency_stats(nocache_latencies_ms)
-    speedup = ref_lat["median"] / lat["median"]
+    lat = latency_stats(latencies_ms)
+    dense_ms = latency_stats(dense_latencies_ms)["mean_ms"]
+    if not plain_latencies_ms:
+        raise ValueError("dcjax: make_record needs the plain baseline's latencies")
+    plain = {form: latency_stats(ms)["mean_ms"] for form, ms in plain_latencies_ms.items()}
+    plain_form = min(plain, key=plain.get)
+    speedup_dense = dense_ms / lat["mean_ms"]
     flops_ratio = np.asarray(infos["flops_ratio"], np.float64)
     ideal = ideal_speedup(flops_ratio)
     refreshed = np.asarray(infos["refreshed"], bool).reshape(-1)
@@ -261,12 +292,17 @@ def make_record(
         "variant": variant,
         "frames": int(len(latencies_ms)),
         "frame_shape": [int(d) for d in frame_shape],
-        "latency_ms": lat,
-        "nocache_latency_ms": ref_lat,
-        "speedup": float(speedup),
-        "speedup_mean": float(ref_lat["mean"] / lat["mean"]),
+        **lat,
+        "plain_mean_ms": plain[plain_form],
+        "plain_form": plain_form,
+        "dense_mean_ms": dense_ms,
+        "speedup_vs_plain": plain[plain_form] / lat["mean_ms"],
+        "speedup_vs_dense": speedup_dense,
         "ideal_speedup": float(ideal),
-        "efficiency": float(speedup / ideal),
+        "efficiency": float(speedup_dense / ideal),
+        "still_fraction": float(np.mean(np.asarray(infos["skipped"], bool)))
+        if "skipped" in infos
+        else 0.0,
         **fidelity(reference, outputs),
         "match_ratio": _finite_or_none(float(considered.mean()) if considered.size else None),
         "refreshes": int(refreshed.sum()),
@@ -275,8 +311,8 @@ def make_record(
         "per_layer": per_layer,
         "config": dict(config),
         "compile_s": None if compile_s is None else float(compile_s),
-        "latency_refresh_ms": _median_or_none(np.asarray(latencies_ms)[refreshed]),
-        "latency_reuse_ms": _median_or_none(np.asarray(latencies_ms)[~refreshed]),
+        "refresh_frame_ms": _mean_or_none(np.asarray(latencies_ms)[refreshed]),
+        "other_frame_ms": _mean_or_none(np.asarray(latencies_ms)[~refreshed]),
         "static_frame_ms": None if static_frame_ms is None else float(static_frame_ms),
         "backend": backend,
         "timing": timing,
@@ -286,30 +322,40 @@ def make_record(
 def check_record(record: Mapping[str, Any], *, rtol: float = 1e-9) -> None:
     """Raise ValueError when ``record`` lacks a key or is inconsistent.
 
-    Checks: every key of `RECORD_KEYS`; latencies positive with
-    ``median <= p90``; ``speedup`` equal to the ratio of the recorded medians,
-    ``efficiency`` to ``speedup / ideal_speedup``; ``ideal_speedup >= 1``;
-    fractions in [0, 1]; ``per_layer`` entries with name, FLOPs and reuse.
+    Checks: every key of `RECORD_KEYS`; times positive with ``p50_ms <=
+    p99_ms``; ``throughput_fps`` equal to ``1000 / mean_ms``; both speedups
+    equal to the ratios of the recorded means, ``efficiency`` to
+    ``speedup_vs_dense / ideal_speedup``; ``plain_form`` one of
+    `PLAIN_FORMS`; ``ideal_speedup >= 1``; fractions in [0, 1]; ``per_layer``
+    entries with name, FLOPs and reuse.
     """
     missing = [k for k in RECORD_KEYS if k not in record]
     if missing:
         raise ValueError(f"dcjax: record lacks {', '.join(missing)}")
-    for key in ("latency_ms", "nocache_latency_ms"):
-        lat = record[key]
-        if not (0 < lat["median"] <= lat["p90"] * (1 + rtol)):
-            raise ValueError(f"dcjax: record {key} is inconsistent: {lat}")
-    want = record["nocache_latency_ms"]["median"] / record["latency_ms"]["median"]
-    if not math.isclose(record["speedup"], want, rel_tol=rtol):
-        raise ValueError(f"dcjax: speedup {record['speedup']} != ratio of medians {want}")
-    want = record["nocache_latency_ms"]["mean"] / record["latency_ms"]["mean"]
-    if not math.isclose(record["speedup_mean"], want, rel_tol=rtol):
-        raise ValueError(f"dcjax: speedup_mean {record['speedup_mean']} != ratio of means {want}")
-    eff = record["speedup"] / record["ideal_speedup"]
-    if not math.isclose(record["efficiency"], eff, rel_tol=rtol):
-        raise ValueError(f"dcjax: efficiency {record['efficiency']} != speedup / ideal {eff}")
+    for key in ("mean_ms", "p50_ms", "p99_ms", "plain_mean_ms", "dense_mean_ms"):
+        if not record[key] > 0:
+            raise ValueError(f"dcjax: record {key} {record[key]} is not positive")
+    if record["p50_ms"] > record["p99_ms"] * (1 + rtol):
+        raise ValueError(f"dcjax: record p50_ms {record['p50_ms']} > p99_ms {record['p99_ms']}")
+    checks = (
+        ("throughput_fps", 1000.0 / record["mean_ms"], "1000 / mean_ms"),
+        ("speedup_vs_plain", record["plain_mean_ms"] / record["mean_ms"], "ratio of means"),
+        ("speedup_vs_dense", record["dense_mean_ms"] / record["mean_ms"], "ratio of means"),
+        (
+            "efficiency",
+            record["speedup_vs_dense"] / record["ideal_speedup"],
+            "speedup_vs_dense / ideal",
+        ),
+    )
+    for key, want, what in checks:
+        if not math.isclose(record[key], want, rel_tol=max(rtol, 1e-9)):
+            raise ValueError(f"dcjax: {key} {record[key]} != {what} {want}")
+    if record["plain_form"] not in PLAIN_FORMS:
+        raise ValueError(f"dcjax: plain_form {record['plain_form']!r} not in {PLAIN_FORMS}")
     if record["ideal_speedup"] < 1 - 1e-6:
         raise ValueError(f"dcjax: ideal_speedup {record['ideal_speedup']} < 1")
-    for key in ("top1_agreement", "top5_agreement", "top1_stability", "match_ratio"):
+    for key in ("top1_agreement", "top5_agreement", "top1_stability", "match_ratio",
+                "still_fraction"):  # fmt: skip
         v = record[key]
         if v is not None and not 0 <= v <= 1:
             raise ValueError(f"dcjax: {key} {v} outside [0, 1]")

@@ -28,6 +28,7 @@ Options: ``block_size``, ``psnr_threshold``, ``refresh_every``, ``fraction``,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Mapping
@@ -37,8 +38,8 @@ import jax
 import jax.numpy as jnp
 
 from dcjax import kernels
-from dcjax.eval.methods import (
-    DEFAULT_KERNEL,
+from dcjax.eval.methods import DEFAULT_KERNEL
+from dcjax.eval.registry import (
     LayerFlops,
     ModelSpec,
     Runner,
@@ -50,7 +51,8 @@ from dcjax.eval.methods import (
     register_method,
 )
 from dcjax.transforms.analysis import analyze
-from dcjax.transforms.interpreter import FrameContext, evaluate
+from dcjax.transforms.interpreter import Policy, evaluate
+from dcjax.transforms.motion import FrameContext
 from dcjax.transforms.regions import and_pool
 from dcjax.transforms.signature_rules import conv_window
 from dcjax.transforms.spatial import Spatial
@@ -114,6 +116,44 @@ def _options(options: Mapping[str, Any]) -> dict[str, Any]:
     return checked_options("mil", options, DEFAULTS, _RULES)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _MilLayer:
+    """What MIL computed at one matched layer."""
+
+    input: jax.Array
+    output: jax.Array
+    fraction: jax.Array
+    match_ratio: jax.Array
+
+
+class _MilPolicy(Policy):
+    """MIL's matching at the input of each of the first ``matched`` layers; the
+    other layers computed in full."""
+
+    def __init__(self, *, layers, matched, blocks, threshold, kernel, state, refresh, ctx):
+        self._layers, self._matched, self._blocks = layers, matched, blocks
+        self._threshold, self._kernel = threshold, kernel
+        self._state, self._refresh, self._ctx = state, refresh, ctx
+
+    def reuse(self, index, eqn, invals, mask, epilogue):
+        if index >= self._matched:
+            return eqn.primitive.bind(*invals, **eqn.params), None
+        lay = self._layers[index]
+        sig = lay.in_signature
+        hit = block_match_map(
+            invals[0], self._state["inputs"][index], sig.axes, self._blocks[index], self._threshold
+        )
+        hit = hit & ~self._refresh
+        out_mask = and_pool(self._ctx, hit, conv_window(eqn, sig), sig, lay.signature)
+        out = kernels.masked_conv_eqn(
+            eqn, invals, out_mask, self._state["outputs"][index], self._kernel
+        )
+        return out, _MilLayer(
+            input=invals[0], output=out, fraction=out_mask.mean(dtype=jnp.float32),
+            match_ratio=hit.mean(dtype=jnp.float32),
+        )  # fmt: skip
+
+
 @register_method(
     "mil", "matching internal layers: per-layer block tests on feature maps", check=_options
 )
@@ -148,38 +188,27 @@ def _mil(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
         if refresh_every is not None:
             refresh = refresh | (state["since"] >= int(refresh_every))
         ctx = FrameContext(jnp.zeros((2,), jnp.int32), "exact")
-        inputs, outputs = list(state["inputs"]), list(state["outputs"])
-        fractions = [jnp.float32(0.0)] * len(layers)
-        first_ratio = [jnp.float32(jnp.nan)]
-
-        def reuse(index, eqn, invals, _mask):
-            if index >= matched:
-                return eqn.primitive.bind(*invals, **eqn.params)
-            lay = layers[index]
-            sig = lay.in_signature
-            hit = block_match_map(invals[0], state["inputs"][index], sig.axes, blocks[index], thr)
-            hit = hit & ~refresh
-            if index == 0:
-                first_ratio[0] = hit.mean(dtype=jnp.float32)
-            out_mask = and_pool(ctx, hit, conv_window(eqn, sig), sig, lay.signature)
-            out = kernels.masked_conv_eqn(eqn, invals, out_mask, state["outputs"][index], kernel)
-            inputs[index], outputs[index] = invals[0], out
-            fractions[index] = out_mask.mean(dtype=jnp.float32)
-            return out
-
-        outs, _ = evaluate(analysis, [*leaves, x], [True] * n + [True], ctx, reuse)
+        policy = _MilPolicy(
+            layers=layers, matched=matched, blocks=blocks, threshold=thr, kernel=kernel,
+            state=state, refresh=refresh, ctx=ctx,
+        )  # fmt: skip
+        ev = evaluate(analysis, [*leaves, x], [True] * n + [True], ctx, policy)
+        outs = ev.outputs
+        done = [ev.layers[i] for i in range(matched)]  # the matched layers' `_MilLayer`s
+        fractions = [d.fraction for d in done] + [jnp.float32(0.0)] * (len(layers) - matched)
+        match_ratio = done[0].match_ratio if done else jnp.float32(jnp.nan)
         output = jax.tree_util.tree_unflatten(traced.out_tree, outs)
         frac = jnp.stack(fractions) if fractions else jnp.zeros((0,), jnp.float32)
         computed = jnp.sum((1.0 - frac) * flops) + other
         new_state = {
-            "inputs": tuple(inputs),
-            "outputs": tuple(outputs),
+            "inputs": tuple(d.input for d in done),
+            "outputs": tuple(d.output for d in done),
             "has_prev": jnp.bool_(True),
             "since": jnp.where(refresh, 1, state["since"] + 1).astype(jnp.int32),
         }
         info = {
             "flops_ratio": (computed / max(total, 1.0)).astype(jnp.float32),
-            "match_ratio": first_ratio[0],
+            "match_ratio": match_ratio,
             "refreshed": refresh,
             "reuse_fraction": frac,
         }

@@ -3,14 +3,14 @@
 Every function takes records (`dcjax.eval.metrics`) and returns a
 `matplotlib.figure.Figure`, or None when the records hold nothing to plot:
 
-- `latency_by_method`: per model, median latency of each method (Figure 10);
+- `latency_by_method`: per model, mean time per frame of each method (Figure 10);
 - `per_layer`: per model, the reuse fraction and FLOPs of each layer (Figure 12);
 - `sweep`: latency and top-1 agreement against a swept ``config`` key, e.g.
   ``psnr_threshold`` (Figure 16) or ``block_size`` (Figure 17);
 - `pareto`: speedup against top-1 agreement of every variant of the reuse
   methods, with each method's Pareto front (the ``delta`` sweep of refinement);
 - `matchers`: match ratio and matching time of each matcher (Table 4), from
-  `dcjax.eval.bench.compare_matchers` rows;
+  `dcjax.bench.evaluation.compare_matchers` rows;
 - `cache_memory`: cache bytes per model and method (Figure 18);
 - `timeline`: per-frame latency and FLOPs ratio of an `Evaluation`;
 - `mask_strip`: frames with the reuse mask drawn over them.
@@ -67,7 +67,7 @@ def _short(name: str, width: int = 28) -> str:
 
 
 def latency_by_method(records: Sequence[Record]) -> Figure | None:
-    """Grouped bars: per (model, video), the median latency of each method variant."""
+    """Grouped bars: per (model, video), the mean time per frame of each method variant."""
     if not records:
         return None
     groups = list(dict.fromkeys((r["model"], r["video"]) for r in records))
@@ -79,13 +79,13 @@ def latency_by_method(records: Sequence[Record]) -> Figure | None:
         for g in groups:
             r = next((r for r in records if (r["model"], r["video"]) == g and r["variant"] == v),
                      None)  # fmt: skip
-            ys.append(np.nan if r is None else r["latency_ms"]["median"])
-            errs.append(0 if r is None else r["latency_ms"]["p90"] - r["latency_ms"]["median"])
+            ys.append(np.nan if r is None else r["mean_ms"])
+            errs.append(0 if r is None else max(r["p99_ms"] - r["mean_ms"], 0.0))
         x = np.arange(len(groups)) + (j - (len(variants) - 1) / 2) * width
         ax.bar(x, ys, width, yerr=[np.zeros(len(errs)), errs], label=v, capsize=2)
     ax.set_xticks(np.arange(len(groups)))
     ax.set_xticklabels([f"{m}\n{_video_name(v)}" for m, v in groups], fontsize=8)
-    ax.set_ylabel("latency per frame (ms, median; bar to p90)")
+    ax.set_ylabel("time per frame (ms, mean; bar to p99)")
     ax.set_title("Latency by method (cf. DeepCache Fig. 10)")
     ax.legend(fontsize=7)
     return fig
@@ -119,7 +119,7 @@ def per_layer(records: Sequence[Record], method: str = "deepcache") -> Figure | 
         ax.set_ylabel("FLOPs share")
         ax.set_title(
             f"{model} on {_video_name(r['video'])}: ideal {r['ideal_speedup']:.2f}x, "
-            f"measured {r['speedup']:.2f}x (cf. Fig. 12)",
+            f"measured {r['speedup_vs_dense']:.2f}x over dense (cf. Fig. 12)",
             fontsize=9,
         )
         step = max(1, len(layers) // 30)
@@ -160,14 +160,14 @@ def sweep(records: Sequence[Record], key: str, method: str = "deepcache") -> Fig
     for g, rs in lines.items():
         xs = [float(r["config"][key]) for r in rs]
         label = f"{g[0]} / {_video_name(g[1])}"
-        ax1.plot(xs, [r["latency_ms"]["median"] for r in rs], "o-", label=label)
-        ax1.plot(xs, [r["nocache_latency_ms"]["median"] for r in rs], ":", color="0.5")
+        ax1.plot(xs, [r["mean_ms"] for r in rs], "o-", label=label)
+        ax1.plot(xs, [r["dense_mean_ms"] for r in rs], ":", color="0.5")
         agree = [r["top1_agreement"] for r in rs]
         if all(a is not None for a in agree):
             ax2.plot(xs, [100 * a for a in agree], "o-", label=label)
         ax3.plot(xs, [max(r["output_rel_mse"] or 0.0, 1e-12) for r in rs], "o-", label=label)
     ax1.set_xlabel(key)
-    ax1.set_ylabel("median latency (ms); dotted: no cache")
+    ax1.set_ylabel("mean time per frame (ms); dotted: dense")
     ax2.set_xlabel(key)
     ax2.set_ylabel("top-1 agreement with no cache (%)")
     ax3.set_xlabel(key)
@@ -229,7 +229,7 @@ def pareto(records: Sequence[Record], methods: Sequence[str] = PARETO_METHODS) -
             rs = [r for r in panel if r["method"] == m]
             if not rs:
                 continue
-            pts = [(float(r["speedup"]), accuracy(r)) for r in rs]
+            pts = [(float(r["speedup_vs_dense"]), accuracy(r)) for r in rs]
             (line,) = ax.plot(*zip(*pts, strict=True), "o", alpha=0.6)
             front = pareto_front(pts if classes else [(x, -y) for x, y in pts])
             ax.plot(
@@ -242,7 +242,7 @@ def pareto(records: Sequence[Record], methods: Sequence[str] = PARETO_METHODS) -
                     ax.annotate(label, (x, y), fontsize=6, xytext=(2, 2),
                                 textcoords="offset points")  # fmt: skip
         ax.axvline(1.0, color="0.6", lw=0.8, ls=":")
-        ax.set_xlabel("speedup over no cache (median latency)")
+        ax.set_xlabel("speedup over dcjax's dense lowering (mean time per frame)")
         if classes:
             ax.set_ylabel("top-1 agreement with no cache (%)")
         else:

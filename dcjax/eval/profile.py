@@ -25,9 +25,9 @@ convolution, a matrix product, and the operations inside loops and
 conditionals too (`executed_ops`: a sparse kernel's gathers and products go to
 its layer). The loops and conditionals themselves are not counted: XLA:CPU
 records a loop's body as operations of their own, at times on another thread
-after the loop's own event has ended (on ResNet-50's refined step over the
-fixed-camera clip, the events of the top-level operations, loops included,
-covered 27 ms of a 43 ms frame; all executed operations, 44 ms). A fusion
+after the loop's own event has ended, so the top-level events miss much of
+a frame (see docs/performance-notes.md, "Profiles count the operations inside
+loops"). A fusion
 carries the scope of its last operation, so where XLA fuses a convolution
 into what follows it in another scope (a residual add of the enclosing
 block), the time goes there.
@@ -71,7 +71,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from dcjax.eval.methods import Runner
+from dcjax.eval.registry import Runner
 
 __all__ = [
     "KINDS",
@@ -356,7 +356,7 @@ def profile(runner: Runner, frames: np.ndarray, *, warmup: int = 3) -> Profile:
     """Time ``runner``'s step over ``frames`` by group (see the module docstring).
 
     Args:
-        runner: a method instantiated for a model (`dcjax.eval.methods.make_runner`).
+        runner: a method instantiated for a model (`dcjax.eval.registry.make_runner`).
         frames: uint8 (T, H, W, 3); the first ``warmup`` are run untimed.
         warmup: frames that warm caches and the machine up first.
 
@@ -443,11 +443,10 @@ def table_rows(columns: Sequence[tuple[str, Mapping[str, Any]]]) -> list[dict[st
         group), then the rows "all operations" (followed, for profiles with
         ``kinds``, by one row per kind of `KINDS`) and "wall time (median)"
         (followed by "between operations", the wall time less ``busy_ms``),
-        and "operations a frame" for profiles that count them (``ops``): on
-        a 2-core CPU each costs about 1 us or more to dispatch, which a step
-        of many small operations pays between them (EfficientNet-Lite0's
-        cached step: ~1000 a frame against 141 without cache, 1.2 ms of its
-        11.4 ms frame outside any operation).
+        and "operations a frame" for profiles that count them (``ops``): each
+        costs time to dispatch, which a step of many small operations pays
+        between them (see docs/performance-notes.md, "A cached step pays for
+        its many small operations").
     """
     groups: list[str] = []
     for _, p in columns:

@@ -1,6 +1,6 @@
 """``deepcache+refine`` and ``delta`` methods for the evaluation harness.
 
-Registered in `dcjax.eval.methods` (imported at its bottom). Options: the
+Registered when `dcjax.eval` imports this module. Options: the
 `RefineConfig` fields (``delta``, ``metric``, ``layers``) and the `Config`
 fields.
 
@@ -17,13 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from dcjax.config import Config, RefineConfig
-from dcjax.eval.methods import (
-    ModelSpec,
-    Runner,
-    cached_runner,
-    deepcache_config,
-    register_method,
-)
+from dcjax.eval.methods import cached_runner, deepcache_config
+from dcjax.eval.registry import ModelSpec, Runner, register_method
 
 __all__: list[str] = []
 

@@ -3,9 +3,11 @@
 `write_report(path, records, ...)` renders the standard plots (`dcjax.eval.plots`)
 of the records, plus any extra figures, into PNG files next to the HTML
 (``<name>.png`` in the report's directory) and writes ``path``: a summary
-table (speedup, ideal, efficiency, agreement, match ratio, refreshes, cache),
+table (time per frame, throughput, p99, speedups against the plain model and
+dcjax's dense lowering, ideal, efficiency, still fraction, agreement, match
+ratio, refreshes, cache),
 a per-layer table per (model, video, method), where the records were profiled
-(`dcjax.eval.bench.add_profiles`) a table per (model, video) of where each
+(`dcjax.bench.evaluation.add_profiles`) a table per (model, video) of where each
 method's time went, layer by layer, and every plot embedded as a base64 PNG
 that links to its file. The HTML needs nothing else to display.
 """
@@ -23,7 +25,19 @@ from matplotlib.figure import Figure
 from dcjax.eval import plots
 from dcjax.eval import profile as profile_lib
 
-__all__ = ["computed_cells", "standard_figures", "summary_rows", "write_report"]
+__all__ = [
+    "SHORT_COLUMNS",
+    "computed_cells",
+    "standard_figures",
+    "summary_rows",
+    "write_report",
+]
+
+#: The columns of `summary_rows` the command line prints (``dcjax demo``, ``run``, ``bench``).
+SHORT_COLUMNS = (
+    "method", "mean ms", "fps", "p99 ms", "vs plain", "vs dense", "ideal", "still",
+    "top-1 agree", "match", "refreshes",
+)  # fmt: skip
 
 _CSS = """
 body { font-family: sans-serif; margin: 2em; max-width: 1200px; }
@@ -52,12 +66,16 @@ def summary_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
             "video": os.path.basename(r["video"]),
             "method": r["variant"],
             "frames": str(r["frames"]),
-            "median ms": _fmt(r["latency_ms"]["median"], ".1f"),
-            "no-cache ms": _fmt(r["nocache_latency_ms"]["median"], ".1f"),
-            "speedup": _fmt(r["speedup"], ".2f") + "x",
-            "mean speedup": _fmt(r.get("speedup_mean"), ".2f") + "x",
+            "mean ms": _fmt(r["mean_ms"], ".1f"),
+            "fps": _fmt(r["throughput_fps"], ".1f"),
+            "p50 ms": _fmt(r["p50_ms"], ".1f"),
+            "p99 ms": _fmt(r["p99_ms"], ".1f"),
+            "vs plain": _fmt(r["speedup_vs_plain"], ".2f") + "x",
+            "plain form": r["plain_form"],
+            "vs dense": _fmt(r["speedup_vs_dense"], ".2f") + "x",
             "ideal": _fmt(r["ideal_speedup"], ".2f") + "x",
             "efficiency": _fmt(r["efficiency"], ".2f"),
+            "still": f"{100 * r['still_fraction']:.0f}%",
             "top-1 agree": "–" if r["top1_agreement"] is None
             else f"{100 * r['top1_agreement']:.1f}%",
             "top-1 stable": "–" if r.get("top1_stability") is None
@@ -65,8 +83,8 @@ def summary_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
             "rel. MSE": _fmt(r["output_rel_mse"], ".2g"),
             "match": "–" if r["match_ratio"] is None else f"{100 * r['match_ratio']:.1f}%",
             "refreshes": str(r["refreshes"]),
-            "refresh ms": _fmt(r.get("latency_refresh_ms"), ".1f"),
-            "reuse-frame ms": _fmt(r.get("latency_reuse_ms"), ".1f"),
+            "refresh ms": _fmt(r.get("refresh_frame_ms"), ".1f"),
+            "other-frame ms": _fmt(r.get("other_frame_ms"), ".1f"),
             "static-frame ms": _fmt(r.get("static_frame_ms"), ".1f"),
             "cache MiB": _fmt(r["cache_bytes"] / 2**20, ".2f"),
         })  # fmt: skip
@@ -177,7 +195,7 @@ def write_report(
         title: page title.
         intro: an HTML-escaped paragraph under the title.
         figures: extra figures (or PNG bytes) by name, shown first.
-        matcher_rows: rows of `dcjax.eval.bench.compare_matchers`.
+        matcher_rows: rows of `dcjax.bench.evaluation.compare_matchers`.
 
     Returns:
         name -> PNG path of every plot written.
@@ -208,7 +226,7 @@ def write_report(
         f"{html.escape(os.path.basename(r['video']))} / {html.escape(r['variant'])}: "
         f"per layer</summary>{_per_layer_table(r)}</details>"
         for r in records
-        if r["method"] != "nocache" and r["per_layer"]
+        if r["method"] not in ("nocache", "plain") and r["per_layer"]
     )
     matcher_table = ""
     if matcher_rows:
@@ -229,14 +247,19 @@ def write_report(
 <style>{_CSS}</style></head><body>
 <h1>{html.escape(title)}</h1>
 <p>{html.escape(intro)}</p>
-<p class="note">Latency: median wall time of one <code>step</code> per frame (matching
-included, after compilation), all methods interleaved frame by frame in one process.
-Speedup = no-cache median / method median; ideal = 1 / mean fraction of convolution
-FLOPs computed; efficiency = speedup / ideal. Agreement is with the no-cache output
-on the same frames. Where the time goes: "refresh ms" and "reuse-frame ms" are the
-median latencies of the frames recomputed in full and of the others; "static-frame ms"
-is the latency of a frame identical to the previous one (everything reusable), the
-floor set by matching and cache bookkeeping.</p>
+<p class="note">Time per frame: the wall time of one <code>step</code> (matching
+included, after compilation), every frame counted (refresh and still frames too), all
+methods interleaved frame by frame in one process; fps = frames over their total time.
+"vs plain" = mean time of the plain model, <code>jax.jit(model.apply)</code> in its faster
+form (variables as arguments or closed over as constants, "plain form") / the method's;
+"vs dense" = mean time of dcjax's own dense lowering (<code>nocache</code>) / the
+method's. Ideal = 1 / mean fraction of convolution and matrix-product FLOPs computed,
+still frames counting as none; efficiency = vs dense / ideal; "still" = frames skipped
+whole as still. Agreement is with the <code>nocache</code> output on the same frames.
+Where the time goes: "refresh ms" and "other-frame ms" are the mean times of the frames
+recomputed in full and of the others; "static-frame ms" is the mean time of a frame
+identical to the previous one (everything reusable), the floor set by matching and cache
+bookkeeping.</p>
 <h2>Summary</h2>
 {_table(summary_rows(records), left=("model", "video", "method"))}
 {matcher_table}

@@ -51,6 +51,7 @@ __all__ = [
     "KEYS",
     "MATCHERS",
     "MATCH_SEARCHES",
+    "SEARCHES",
     "HistogramOptions",
     "Match",
     "NoOptions",

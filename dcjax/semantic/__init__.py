@@ -6,7 +6,7 @@ Enable it with ``deepcache.Config(semantic=deepcache.SemanticConfig(...))``;
 `dcjax.semantic.smtm` the policy inside the cached step,
 `dcjax.semantic.ceiling` the most any exit threshold could exit at a given
 agreement, and
-``python -m dcjax.semantic.bench`` the benchmark.
+``dcjax bench semantic`` the benchmark.
 """
 
 from dcjax.config import SemanticConfig

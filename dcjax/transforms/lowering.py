@@ -7,8 +7,8 @@ parameters; otherwise it binds the primitive as it is. Every evaluation of a
 traced model in dcjax goes through it (`dcjax.transforms.interpreter`): the
 cached step, the no-cache baseline (``nocache``, whose default ``impl="fast"``
 evaluates the same jaxpr), the other cached methods and the semantic exits, so
-the baseline and the cached step compute these operations the same way.
-``nocache:impl=plain`` is ``module.apply`` under `jax.jit`, XLA's own.
+the baseline and the cached step compute these operations the same way. The
+``plain`` baseline is ``module.apply`` under `jax.jit`, XLA's own lowering.
 
 Why: the cached step recomputes pooling and normalisation on every frame (it
 caches convolutions and their epilogues), so their cost is paid by both sides

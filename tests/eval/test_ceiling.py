@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -89,49 +87,6 @@ def test_best_is_the_fastest_setting_that_keeps_the_agreement():
     assert ceiling.best(recs, 0.9)["label"] == "b"
     assert ceiling.best(recs, 1.0)["label"] == "a"
     assert ceiling.best(recs[1:2], 0.97) is None
-
-
-def test_command_prints_the_table_and_writes_the_records(tmp_path, capsys):
-    out = tmp_path / "new" / "c.json"
-    ceiling.main(["--model", "dave", "--width", "0.25", "--frames", "3", "--thresholds", "20",
-                  "--deltas", "0", "--out", str(out), "--no-progress"])  # fmt: skip
-    text = capsys.readouterr().out
-    assert "random-weight dave over 3 frames of vtest" in text
-    assert "psnr=20" in text and "not class scores" in text and f"wrote {out}" in text
-    (rec,) = json.loads(out.read_text())
-    assert rec["model"] == "dave" and rec["frames"] == 3 and rec["pretrained"] is False
-    assert rec["top1_agreement"] is None and rec["ideal_speedup"] >= 1.0
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--frames", "1"], "argument --frames: must be at least 2"),
-        (["--model", "nope"], "argument --model: unknown model 'nope'"),
-        (["--video", "/no/such.mp4"], "argument --video: no such video"),
-        (["--thresholds", "-3"], "must be a positive number of dB"),
-        (["--deltas", "nan"], "must be a finite number >= 0"),
-        (["--target", "1.5"], "argument --target: must be in [0, 1]"),
-        (["--model", "alexnet", "--pretrained", "yes"], "alexnet has no pretrained weights"),
-    ],
-)
-def test_bad_arguments_are_one_line_errors(argv, message, capsys):
-    with pytest.raises(SystemExit) as e:
-        ceiling.main(argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err
-
-
-def test_an_unreadable_video_is_a_one_line_error(tmp_path, capsys):
-    bad = tmp_path / "noise.mp4"
-    bad.write_bytes(b"\x00not a video\xff" * 50)
-    with pytest.raises(SystemExit) as e:
-        ceiling.main(["--model", "dave", "--width", "0.25", "--video", str(bad)])
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("python -m dcjax.eval.ceiling: error: argument --video: ")
-    assert "noise.mp4" in err and "dcjax: dcjax" not in err
 
 
 def test_a_plain_function_model_gives_the_modules_numbers(records, spec, clip):

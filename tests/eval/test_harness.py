@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dcjax.eval import bench, harness, methods, metrics
+from dcjax.bench.common import write_json
+from dcjax.eval import harness, metrics, registry
 
 
 @pytest.fixture(scope="module")
@@ -20,19 +21,29 @@ def evaluation(spec, clip):
 
 def test_records_are_consistent_with_the_measurements(evaluation, clip):
     recs = {r["variant"]: r for r in evaluation.records}
-    assert list(recs) == ["nocache", "deepcache", "frame"]  # nocache added first
+    # the baselines added: nocache first, the plain model's two forms last
+    assert list(recs) == ["nocache", "deepcache", "frame", "plain:form=args", "plain:form=const"]
+    plain = {
+        f: float(np.mean(evaluation.latencies_ms[f"plain:form={f}"])) for f in ("args", "const")
+    }
     for variant, r in recs.items():
         metrics.check_record(r)
         assert r["frames"] == len(clip)
         ms = evaluation.latencies_ms[variant]
-        assert r["latency_ms"]["median"] == pytest.approx(float(np.median(ms)))
-        ref = float(np.median(evaluation.latencies_ms["nocache"]))
-        assert r["speedup"] == pytest.approx(ref / float(np.median(ms)))
+        assert r["mean_ms"] == pytest.approx(float(np.mean(ms)))
+        assert r["p99_ms"] == pytest.approx(float(np.percentile(ms, 99)))
+        ref = float(np.mean(evaluation.latencies_ms["nocache"]))
+        assert r["speedup_vs_dense"] == pytest.approx(ref / float(np.mean(ms)))
+        assert r["plain_form"] == min(plain, key=plain.get)
+        assert r["speedup_vs_plain"] == pytest.approx(min(plain.values()) / float(np.mean(ms)))
         ratio = evaluation.infos[variant]["flops_ratio"]
         assert r["ideal_speedup"] == pytest.approx(1.0 / float(np.mean(ratio)))
         assert r["refreshes"] == int(evaluation.infos[variant]["refreshed"].sum())
     base = recs["nocache"]
-    assert base["speedup"] == 1.0 and base["top1_agreement"] == 1.0 and base["output_mse"] == 0
+    assert base["speedup_vs_dense"] == 1.0 and base["top1_agreement"] == 1.0
+    assert base["output_mse"] == 0 and base["still_fraction"] == 0.0
+    for form in ("args", "const"):  # the plain model computes what the dense lowering does
+        assert recs[f"plain:form={form}"]["output_rel_mse"] < 1e-10
     assert base["cache_bytes"] == 0 and recs["deepcache"]["cache_bytes"] > 0
     assert recs["deepcache"]["config"]["kernel"] == "auto"
     # the convolutions, then the fully connected head (computed in full: no rows skipped)
@@ -57,7 +68,7 @@ def test_deepcache_is_timed_without_statistics_and_reports_them_from_a_second_pa
     and its outputs those of the timed steps."""
     timed = evaluation.runners["deepcache"]
     assert timed.config["statistics"] is False and timed.timed is None
-    reporting = methods.make_runner(spec, "deepcache", {})
+    reporting = registry.make_runner(spec, "deepcache", {})
     assert reporting.config["statistics"] is True and reporting.timed is not None
     state, outs, infos = reporting.init(), [], []
     for f in clip:
@@ -110,9 +121,10 @@ def test_wrong_frame_shape_is_an_error(spec, clip):
 
 def test_json_round_trip(evaluation, tmp_path):
     path = tmp_path / "sub" / "out.json"
-    bench.write_json(str(path), evaluation.records)
+    write_json(str(path), evaluation.records)
     loaded = json.loads(path.read_text())
-    assert [r["variant"] for r in loaded] == ["nocache", "deepcache", "frame"]
+    assert [r["variant"] for r in loaded] == [r["variant"] for r in evaluation.records]
+    assert [r["variant"] for r in loaded][:3] == ["nocache", "deepcache", "frame"]
     for r in loaded:
         metrics.check_record(r)
 
@@ -125,16 +137,10 @@ def test_input_masks(evaluation, clip):
     assert same[1].all()
 
 
-def test_resolve_video(tmp_path):
-    assert harness.resolve_video("vtest").endswith(".mp4")
-    with pytest.raises(FileNotFoundError, match="no such video"):
-        harness.resolve_video(str(tmp_path / "missing.mp4"))
-
-
 def test_load_frames_keeps_what_decoded_before_a_break(tmp_path):
     from dcjax import video
 
-    data = open(harness.resolve_video("vtest"), "rb").read()
+    data = open(video.resolve("vtest"), "rb").read()
     cut = tmp_path / "cut.mp4"
     cut.write_bytes(data[: len(data) // 10])  # breaks after 9 frames
     with pytest.raises(video.TruncatedVideoError):

@@ -1,4 +1,4 @@
-"""The method registry and each method's behaviour on constructed frame sequences."""
+"""Each method's behaviour on constructed frame sequences."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dcjax.eval import deepmon, methods, mil
-from dcjax.eval.methods import make_runner, parse_method, register_method
+from dcjax.eval import deepmon, methods, mil, registry
+from dcjax.eval.registry import make_runner
 
 
 def _steps(runner, frames):
@@ -24,149 +24,6 @@ def _steps(runner, frames):
 
 def _reference(spec, frames):
     return np.stack([np.asarray(spec.apply(jnp.asarray(f))) for f in frames])
-
-
-def test_registry_has_the_methods():
-    assert {"nocache", "deepcache", "deepmon", "mil", "frame"} <= set(methods.METHODS)
-    assert all(info.description for info in methods.METHODS.values())
-
-
-def test_register_method_rejects_duplicates_and_bad_names():
-    with pytest.raises(ValueError, match="already registered"):
-        register_method("deepcache")(lambda spec, options: None)
-    with pytest.raises(ValueError, match="must be non-empty"):
-        register_method("a:b")
-
-
-def test_register_method_adds_a_usable_method(spec, clip):
-    name = "test_only_nocache_alias"
-
-    @register_method(name, "nocache under another name")
-    def _alias(s, options):
-        return make_runner(s, "nocache", options)
-
-    try:
-        outs, _, _ = _steps(make_runner(spec, name), clip[:2])
-        np.testing.assert_allclose(outs, _reference(spec, clip[:2]), rtol=1e-5, atol=1e-5)
-    finally:
-        del methods.METHODS[name]
-
-
-def test_parse_method():
-    assert parse_method("deepcache") == ("deepcache", {})
-    assert parse_method("deepcache:psnr_threshold=25,matcher=diamond,refresh_every=None") == (
-        "deepcache",
-        {"psnr_threshold": 25, "matcher": "diamond", "refresh_every": None},
-    )
-    assert parse_method("deepcache:psnr_threshold=inf") == (
-        "deepcache",
-        {"psnr_threshold": float("inf")},
-    )
-    with pytest.raises(ValueError, match="unknown method 'nope'"):
-        parse_method("nope")
-    with pytest.raises(ValueError, match="key=value"):
-        parse_method("deepcache:oops")
-
-
-def test_parse_method_keeps_commas_inside_brackets_and_quotes():
-    assert parse_method("deepmon:grid=(4,4),bins=8") == ("deepmon", {"grid": (4, 4), "bins": 8})
-    assert parse_method("deepcache+refine:layers=['a/conv','b,c'],delta=0.1") == (
-        "deepcache+refine",
-        {"layers": ["a/conv", "b,c"], "delta": 0.1},
-    )
-    for spec in ("deepmon:grid=(4,4", "deepcache+refine:layers=['a]"):
-        with pytest.raises(ValueError, match="unbalanced"):
-            parse_method(spec)
-
-
-# (spec, what the error must name): every registered method refuses bad values
-# of its options before a model is loaded
-_BAD_SPECS = [
-    ("nocache:impl=fastest", "impl='fastest'"),
-    ("deepcache:block_size=-3", "block_size"),
-    ("deepcache:bogus=1", "'bogus'"),
-    ("deepcache+refine:delta=-1", "delta"),
-    ("delta:metric='l7'", "metric"),
-    ("deepmon:grid=3", "grid=3"),
-    ("deepmon:grid=(4,0)", "grid=(4, 0)"),
-    ("deepmon:first_convs=-1", "first_convs=-1"),
-    ("deepmon:bins=True", "bins=True"),
-    ("deepmon:expiry_s=0", "expiry_s=0"),
-    ("deepmon:kernel=fastest", "kernel='fastest'"),
-    ("mil:block_size=0", "block_size=0"),
-    ("mil:fraction=2", "fraction=2"),
-    ("mil:psnr_threshold=nan", "psnr_threshold"),
-    ("mil:refresh_every=0", "refresh_every=0"),
-    ("frame:min_match=x", "min_match='x'"),
-    ("frame:block_size=2.5", "block_size=2.5"),
-    ("semantic:tau=abc", "tau"),
-    ("semantic:calib_frames=0", "calib_frames"),
-    ("semantic:calibration=nowhere.mp4", "nowhere.mp4"),
-    ("deepcache+semantic:window=0", "window"),
-]
-
-
-def test_every_method_checks_its_options():
-    assert {spec.partition(":")[0] for spec, _ in _BAD_SPECS} == set(methods.METHODS)
-
-
-@pytest.mark.parametrize("spec,named", _BAD_SPECS)
-def test_check_method_refuses_bad_values_naming_them(spec, named):
-    name = spec.partition(":")[0]
-    with pytest.raises(methods.MethodOptionError) as exc:
-        methods.check_method(spec)
-    assert named in str(exc.value) and repr(name) in str(exc.value)
-
-
-@pytest.mark.parametrize(
-    "spec",
-    [
-        "nocache:impl=plain",
-        "deepcache:psnr_threshold=25,block_size=20",
-        "deepcache+refine:delta=0.1,layers=('a','b')",
-        "delta:delta=0",
-        "deepmon:grid=(4,4),bins=8,first_convs=None,expiry_s=0.5",
-        "deepmon:expiry_s=inf",
-        "mil:fraction=0.5,refresh_every=None,psnr_threshold=inf",
-        "frame:min_match=0.9",
-        "semantic:calibration=none,tau=1",
-        "deepcache+semantic:calibration=vtest,calib_frames=4",
-    ],
-)
-def test_check_method_accepts_good_values(spec):
-    name, options = methods.check_method(spec)
-    assert name == spec.partition(":")[0] and options
-
-
-def test_option_rules():
-    assert methods.positive_int(3) == 3
-    assert methods.optional_positive_int(None) is None
-    for bad in (0, -1, True, 2.0, "3"):
-        with pytest.raises(ValueError, match="positive int"):
-            methods.positive_int(bad)
-    unit = methods.number(0.0, 1.0)
-    assert unit(1) == 1.0 and isinstance(unit(1), float)
-    for bad in (1.5, -0.1, float("nan"), "0.5", False):
-        with pytest.raises(ValueError, match=r"in \[0, 1\]"):
-            unit(bad)
-    assert methods.number()(float("inf")) == float("inf")
-    with pytest.raises(ValueError, match=">= 0"):
-        methods.number(lo=0.0)(-1)
-    with pytest.raises(ValueError, match="one of a, b"):
-        methods.one_of(("a", "b"))("c")
-
-
-def test_make_runner_reports_what_the_model_refuses(spec):
-    # a layer the model does not have: only the factory, with the model, can tell
-    with pytest.raises(methods.MethodOptionError, match="nope"):
-        make_runner(spec, "deepcache+refine", {"layers": ("nope",)})
-
-
-def test_unknown_option_is_named(spec):
-    with pytest.raises(ValueError, match="'bogus'"):
-        make_runner(spec, "deepcache", {"bogus": 1})
-    with pytest.raises(ValueError, match="'bogus'"):
-        make_runner(spec, "frame", {"bogus": 1})
 
 
 def test_nocache_is_the_model(spec, clip):
@@ -304,26 +161,31 @@ class _Grouped(nn.Module):
         return x.mean((1, 2))
 
 
-def test_nocache_fast_and_plain_agree_on_grouped_convolutions(clip):
+def test_nocache_and_plain_agree_on_grouped_convolutions(clip):
     module = _Grouped()
     size = clip.shape[1]
     variables = module.init(jax.random.PRNGKey(1), jnp.zeros((1, size, size, 3)))
-    spec = methods.ModelSpec(
+    spec = registry.ModelSpec(
         name="grouped", module=module, variables=variables, frame_shape=(size, size, 3)
     )
     fast = make_runner(spec, "nocache")
-    plain = make_runner(spec, "nocache", {"impl": "plain"})
+    plain = make_runner(spec, "plain")
+    closed = make_runner(spec, "plain", {"form": "const"})
     const = make_runner(spec, "nocache", {"impl": "const"})
-    assert fast.config == {"impl": "fast"} and plain.config == {"impl": "plain"}
-    assert const.config == {"impl": "const"}
+    assert fast.config == {"impl": "fast"} and plain.config == {"form": "args"}
+    assert const.config == {"impl": "const"} and closed.config == {"form": "const"}
     a, _, _ = _steps(fast, clip[:2])
     b, _, _ = _steps(plain, clip[:2])
     c, _, _ = _steps(const, clip[:2])
+    d, _, _ = _steps(closed, clip[:2])
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(c, a, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(d, b, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(b, _reference(spec, clip[:2]), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="impl"):
-        make_runner(spec, "nocache", {"impl": "fastest"})
+        make_runner(spec, "nocache", {"impl": "plain"})  # the plain model is its own method
+    with pytest.raises(ValueError, match="form"):
+        make_runner(spec, "plain", {"form": "fast"})
 
 
 def test_config_dict_is_json_serialisable():
@@ -332,10 +194,11 @@ def test_config_dict_is_json_serialisable():
 
     from dcjax.config import Config
 
-    cfg = Config(matcher_options={"grid": (4, 4)}, psnr_threshold=float("inf"))
+    cfg = Config(matcher="histogram", matcher_options={"grid": (4, 4)}, psnr_threshold=float("inf"))
     d = methods.config_dict(cfg)
     assert json.loads(json.dumps(d)) == d
-    assert d["matcher_options"] == {"grid": [4, 4]} and d["psnr_threshold"] == "inf"
+    assert d["matcher_options"] == {"grid": [4, 4], "bins": 16, "distance_threshold": 0.005}
+    assert d["psnr_threshold"] == "inf"
     assert set(d) == {f.name for f in dataclasses.fields(Config)}
     from dcjax.config import RefineConfig
 

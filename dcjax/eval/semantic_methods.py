@@ -1,6 +1,6 @@
 """``semantic`` and ``deepcache+semantic`` methods for the evaluation harness.
 
-Registered in `dcjax.eval.methods` (imported at its bottom). Options: the
+Registered when `dcjax.eval` imports this module. Options: the
 `SemanticConfig` fields (``tau``, ``window``, ``confidence``, ``max_fast``,
 ``exit_points``), the `Config` fields, and the calibration:
 
@@ -26,16 +26,14 @@ from typing import Any
 import numpy as np
 
 from dcjax.config import Config, SemanticConfig
-from dcjax.eval.methods import (
+from dcjax.eval.methods import config_dict, deepcache_config, transform
+from dcjax.eval.registry import (
     ModelSpec,
     Runner,
     cached_layers,
     checked_option,
-    config_dict,
-    deepcache_config,
     optional_positive_int,
     register_method,
-    transform,
 )
 
 __all__: list[str] = []
@@ -45,9 +43,8 @@ _SEMANTIC_FIELDS = {f.name for f in dataclasses.fields(SemanticConfig)}
 
 def _calibration_frames(spec: ModelSpec, source: str, count: int | None) -> np.ndarray:
     from dcjax import video
-    from dcjax.eval import harness
 
-    path = harness.resolve_video(source)
+    path = video.resolve(source)
     h, w = spec.frame_shape[:2]
     frames = []
     for f in video.read(path, size=(h, w)):
@@ -64,10 +61,10 @@ def _config(options: Mapping[str, Any], **defaults) -> tuple[Config, str, int | 
     if not isinstance(source, str):
         raise ValueError(f"option calibration={source!r} must be a clip name, a path or 'none'")
     if source.lower() != "none":
-        from dcjax.eval import harness
+        from dcjax import video
 
         try:
-            harness.resolve_video(source)
+            video.resolve(source)
         except FileNotFoundError as e:
             raise ValueError(f"option calibration: {e}") from None
     count = checked_option("calib_frames", options.pop("calib_frames", None), optional_positive_int)

@@ -1,4 +1,4 @@
-"""Benchmark of `masked_conv` against the dense convolution: ``python -m dcjax.kernels.bench``.
+"""Benchmark of `masked_conv` against the dense convolution: ``dcjax bench kernels``.
 
 For representative layers (AlexNet conv1 and conv2, ResNet-50's stem, 3x3
 and 1x1, YOLO-tiny's stem, MobileNetV2 depthwise and pointwise,
@@ -20,18 +20,23 @@ tile-size rule); ``--layers`` and ``--fractions`` select a subset.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
-import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dcjax.bench.common import (
+    Timed,
+    comma_list,
+    positive_int,
+    program_parser,
+    table,
+    time_interleaved,
+    unit_interval,
+    write_json,
+)
 from dcjax.kernels import auto as _auto
 from dcjax.kernels import pallas_gpu
 from dcjax.kernels import rows as _rows
@@ -41,7 +46,7 @@ from dcjax.kernels.masked import masked_conv
 from dcjax.kernels.reference import conv
 from dcjax.kernels.xla import dense_conv
 
-__all__ = ["LAYERS", "blocky_mask", "main", "run", "write_records"]
+__all__ = ["FRACTIONS", "LAYERS", "blocky_mask", "main", "run"]
 
 #: name -> (H, W, Cin, Cout, k, stride, groups, padding, total input stride of the layer)
 LAYERS: dict[str, tuple] = {
@@ -97,36 +102,6 @@ def _work(impl: str, mask: jax.Array, p: _tiles.TilePlan) -> float:
     return float(_tiles.work_fraction(mask, p))
 
 
-def _time_interleaved(
-    fns: Sequence[tuple[Callable[[], tuple], Callable[..., jax.Array]]], reps: int, calls: int = 1
-) -> list[tuple[float, float]]:
-    """(median, min) ms of each ``call(*prepare())``; ``prepare`` is not timed.
-
-    With ``calls > 1`` each sample is that many calls queued back to back (the
-    output of one is the cache of the next where the call takes a cache, as
-    in a stream), divided by ``calls``: on an accelerator this times the
-    device's work instead of one call's dispatch and synchronisation.
-    """
-
-    def sample(prepare, call):
-        args = jax.block_until_ready(prepare())
-        t0 = time.perf_counter()
-        out = call(*args)
-        for _ in range(calls - 1):
-            out = call(*args[:-1], out) if len(args) == 4 else call(*args)
-        jax.block_until_ready(out)
-        return (time.perf_counter() - t0) / calls
-
-    for prepare, call in fns:
-        for _ in range(3):
-            sample(prepare, call)
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(reps):
-        for i, (prepare, call) in enumerate(fns):
-            times[i].append(sample(prepare, call))
-    return [(statistics.median(t) * 1e3, min(t) * 1e3) for t in times]
-
-
 def run(
     layers: Sequence[str],
     fractions: Sequence[float],
@@ -149,7 +124,7 @@ def run(
     ``precision`` is the matmul precision every implementation is compiled
     under (`jax.default_matmul_precision`): on GPU ``"default"`` lets XLA and
     the Pallas kernel use TF32 tensor cores, ``"highest"`` asks for float32.
-    ``calls`` queues that many calls per timed sample (see `_time_interleaved`;
+    ``calls`` queues that many calls per timed sample (see `time_interleaved`;
     the command line's default on GPU and TPU is 20). Before timing, each
     implementation's output is checked against the dense convolution computed
     at ``"highest"``: ``max_rel_err`` is the largest error
@@ -197,10 +172,13 @@ def run(
             for key in keys:
                 out = np.asarray(compiled[key](*prepare()))
                 errors[key] = float(np.abs(out - exact)[~m].max(initial=0.0)) / scale
-            fns = [(lambda a=(x, w): a, dense_fn)] + [(prepare, compiled[key]) for key in keys]
-            times = _time_interleaved(fns, reps, calls)
-            dense_ms, dense_min = times[0]
-            for key, (t_ms, t_min) in zip(keys, times[1:], strict=True):
+            fns = [Timed(call=dense_fn, prepare=lambda a=(x, w): a)] + [
+                Timed(call=compiled[key], prepare=prepare, feeds_back=True) for key in keys
+            ]
+            times = time_interleaved(fns, reps, calls=calls)
+            dense_ms, dense_min = times[0].median_ms, times[0].min_ms
+            for key, timing in zip(keys, times[1:], strict=True):
+                t_ms, t_min = timing.median_ms, timing.min_ms
                 impl, t = key
                 p = _tiles.plan(x.shape, w.shape, geom, tile=t)
                 auto_impl = _auto.choose(p, backend)[0]
@@ -239,33 +217,25 @@ def run(
 
 
 def _table(records: list[dict]) -> str:
-    head = (
-        f"{'layer':<15}{'impl':<11}{'tile':>6}{'dirty%':>7}{'tiles%':>7}{'work%':>6}"
-        f"{'dense ms':>9}{'ms':>8}{'ideal':>8}{'speedup':>8}{'eff':>6}"
-        f"{'| min: dense':>12}{'ms':>8}{'speedup':>8}{'eff':>6}{'rel err':>9}"
-    )
-    lines = [head, "-" * len(head)]
-    for r in records:
-        eff, eff_min = r["efficiency"], r["efficiency_min"]
-        lines.append(
-            f"{r['layer']:<15}{r['impl']:<11}{r['tile'][0]:>3}x{r['tile'][1]:<2}"
-            f"{100 * r['pixel_dirty']:>7.1f}{100 * r['tile_dirty']:>7.1f}{100 * r['work']:>6.0f}"
-            f"{r['dense_ms']:>9.3f}{r['ms']:>8.3f}{r['ideal_ms']:>8.3f}"
-            f"{r['speedup']:>8.2f}{'' if eff != eff else f'{eff:.2f}':>6}"
-            f"{r['dense_ms_min']:>12.3f}{r['ms_min']:>8.3f}{r['speedup_min']:>8.2f}"
-            f"{'' if eff_min != eff_min else f'{eff_min:.2f}':>6}{r['max_rel_err']:>9.1e}"
-        )
-    return "\n".join(lines)
+    def eff(value: float) -> str:
+        return "" if value != value else f"{value:.2f}"
+
+    return table([
+        {"layer": r["layer"], "impl": r["impl"], "tile": f"{r['tile'][0]}x{r['tile'][1]}",
+         "dirty%": f"{100 * r['pixel_dirty']:.1f}", "tiles%": f"{100 * r['tile_dirty']:.1f}",
+         "work%": f"{100 * r['work']:.0f}", "dense ms": f"{r['dense_ms']:.3f}",
+         "ms": f"{r['ms']:.3f}", "ideal": f"{r['ideal_ms']:.3f}",
+         "speedup": f"{r['speedup']:.2f}", "eff": eff(r["efficiency"]),
+         "| min: dense": f"{r['dense_ms_min']:.3f}", "min ms": f"{r['ms_min']:.3f}",
+         "min speedup": f"{r['speedup_min']:.2f}", "min eff": eff(r["efficiency_min"]),
+         "rel err": f"{r['max_rel_err']:.1e}"}
+        for r in records
+    ])  # fmt: skip
 
 
 def _targets(records: list[dict]) -> str:
     """The issue's CPU targets per (layer, impl), from medians and from minima."""
-    lines = [
-        "targets: speedup at 25 % >= 2.5 | efficiency >= 0.7 for 10-50 % | "
-        "at 100 % <= 5 % slower (slowdown <= 1.05)",
-        f"{'layer':<15}{'impl':<11}{'tile':>6}{'auto':>6}{'x@25% med/min':>15}"
-        f"{'eff10-50 med/min':>18}{'slow@100 med/min':>18}",
-    ]
+    rows = []
     keys = sorted({(r["layer"], r["impl"], tuple(r["tile"])) for r in records})
     for layer, impl, tile in keys:
         rs = [
@@ -293,50 +263,48 @@ def _targets(records: list[dict]) -> str:
             slow = fmt(sl_med, sl_min, sl_min <= 1.05)
         else:
             slow = "-"
-        auto = rs[0].get("auto", "")
-        lines.append(
-            f"{layer:<15}{impl:<11}{tile[0]:>3}x{tile[1]:<2}{auto:>6}{s25:>15}{eff:>18}{slow:>18}"
-        )
-    return "\n".join(lines)
+        rows.append({
+            "layer": layer, "impl": impl, "tile": f"{tile[0]}x{tile[1]}",
+            "auto": rs[0].get("auto", ""), "x@25% med/min": s25,
+            "eff10-50 med/min": eff, "slow@100 med/min": slow,
+        })  # fmt: skip
+    return (
+        "targets: speedup at 25 % >= 2.5 | efficiency >= 0.7 for 10-50 % | "
+        "at 100 % <= 5 % slower (slowdown <= 1.05)\n" + table(rows)
+    )
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command-line entry point."""
-    ap = argparse.ArgumentParser(prog="python -m dcjax.kernels.bench", description=__doc__)
-    ap.add_argument("--layers", default=",".join(LAYERS))
-    ap.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS))
-    ap.add_argument("--impls", default=None, help="comma list; default xla,rows (+pallas off CPU)")
-    ap.add_argument("--tiles", default=None, help="comma list of square tile sides to sweep")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--batch", type=int, default=1)
+def main(argv: Sequence[str] | None = None) -> int:
+    """``dcjax bench kernels``; returns the exit status (bad arguments exit with status 2)."""
+    ap = program_parser("kernels", __doc__)
+    ap.add_argument("--layers", type=comma_list(tuple(LAYERS)), default=list(LAYERS),
+                    help="comma list of layers (default: all)")  # fmt: skip
+    ap.add_argument("--fractions", type=comma_list(unit_interval), default=list(FRACTIONS),
+                    help="comma list of dirty fractions in [0, 1]")  # fmt: skip
+    ap.add_argument("--impls", type=comma_list(str), default=None,
+                    help="comma list; default xla,rows (+pallas off CPU)")  # fmt: skip
+    ap.add_argument("--tiles", type=comma_list(positive_int), default=None,
+                    help="comma list of square tile sides to sweep")  # fmt: skip
+    ap.add_argument("--reps", type=positive_int, default=30)
+    ap.add_argument("--batch", type=positive_int, default=1)
     ap.add_argument("--out", default="bench-results/kernels.json")
-    ap.add_argument(
-        "--calls",
-        type=int,
-        default=None,
-        help="calls queued per timed sample (default 1 on CPU, 20 on GPU and TPU)",
-    )
-    ap.add_argument(
-        "--precision",
-        default="highest",
-        choices=("default", "high", "highest"),
-        help="matmul precision of every implementation (GPU: default and high use TF32)",
-    )
-    ap.add_argument(
-        "--no-donate",
-        action="store_true",
-        help="do not donate the cache buffer (every call then also copies the cache)",
-    )
+    ap.add_argument("--calls", type=positive_int, default=None,
+                    help="calls queued per timed sample (default 1 on CPU, 20 on GPU "
+                         "and TPU)")  # fmt: skip
+    ap.add_argument("--precision", default="highest", choices=("default", "high", "highest"),
+                    help="matmul precision of every implementation (GPU: default and high "
+                         "use TF32)")  # fmt: skip
+    ap.add_argument("--no-donate", action="store_true",
+                    help="do not donate the cache buffer (every call then also copies "
+                         "the cache)")  # fmt: skip
     args = ap.parse_args(argv)
-    impls = (
-        args.impls.split(",")
-        if args.impls
-        else (["xla", "rows"] if jax.default_backend() == "cpu" else ["xla", "rows", "pallas"])
+    impls = args.impls or (
+        ["xla", "rows"] if jax.default_backend() == "cpu" else ["xla", "rows", "pallas"]
     )
-    tiles = [None] if not args.tiles else [(int(t), int(t)) for t in args.tiles.split(",")]
+    tiles = [None] if not args.tiles else [(t, t) for t in args.tiles]
     records = run(
-        args.layers.split(","),
-        [float(f) for f in args.fractions.split(",")],
+        args.layers,
+        args.fractions,
         impls,
         reps=args.reps,
         tiles=tiles,
@@ -353,17 +321,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(_table(records))
     print()
     print(_targets(records))
-    write_records(args.out, records)
-
-
-def write_records(path: str, records: list[dict]) -> None:
-    """``{"jax": version, "records": records}`` as JSON at ``path`` (its directory
-    made), and a line saying so."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        json.dump({"jax": jax.__version__, "records": records}, f, indent=1)
-    print(f"wrote {path}")
-
-
-if __name__ == "__main__":
-    main()
+    write_json(args.out, {"jax": jax.__version__, "records": records})
+    print(f"wrote {args.out}")
+    return 0

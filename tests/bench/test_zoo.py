@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dcjax.models import bench
+from dcjax.bench import zoo
 
 
 def test_count_cost_on_known_ops():
@@ -32,7 +32,7 @@ def test_count_cost_on_known_ops():
     k = jnp.zeros((3, 3, 4, 6))
     g = jnp.zeros((1, 1, 3, 6))
     w = jnp.zeros((24, 5))
-    cost = bench.count_cost(jax.make_jaxpr(f)(x, k, g, w).jaxpr)
+    cost = zoo.count_cost(jax.make_jaxpr(f)(x, k, g, w).jaxpr)
     assert cost.convs == 2
     assert cost.conv_flops == 2 * 96 * 36 + 2 * 96 * 3
     assert cost.dense_flops == 2 * 5 * 24
@@ -42,7 +42,7 @@ def test_count_cost_on_known_ops():
 
 def test_command_writes_json(tmp_path, capsys):
     out = tmp_path / "models.json"
-    assert bench.main(["--models", "dave", "--no-latency", "--out", str(out)]) == 0
+    assert zoo.main(["--models", "dave", "--no-latency", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "dave" in printed and "252,219" in printed
     result = json.loads(out.read_text())

@@ -1,6 +1,6 @@
 """Model-zoo benchmark: size, FLOPs, dense latency and conv-cache memory per model.
 
-Run ``python -m dcjax.models.bench`` (``--help`` for options). For every zoo model at
+Run ``dcjax bench zoo`` (``--help`` for options). For every zoo model at
 its published input size and batch 1 it reports:
 
 * ``params``: parameter count (BatchNorm running statistics excluded);
@@ -24,12 +24,8 @@ The table is printed and the numbers are written as JSON (default
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
-import platform
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -40,6 +36,16 @@ import jax.numpy as jnp
 from jax.extend import core
 
 from dcjax import models
+from dcjax.bench.common import (
+    Timed,
+    at_least,
+    machine,
+    nonnegative_int,
+    program_parser,
+    table,
+    time_interleaved,
+    write_json,
+)
 
 __all__ = ["JaxprCost", "count_cost", "main", "measure"]
 
@@ -184,58 +190,45 @@ def measure(
         start = time.perf_counter()
         jax.block_until_ready(fn(variables, x))
         row["compile_s"] = time.perf_counter() - start
-        for _ in range(warmup):
-            jax.block_until_ready(fn(variables, x))
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(fn(variables, x))
-            times.append(time.perf_counter() - start)
-        row["latency_ms"] = 1e3 * statistics.median(times)
+        (timing,) = time_interleaved(
+            [Timed(call=fn, prepare=lambda: (variables, x))], repeats, warmup=warmup
+        )
+        row["latency_ms"] = timing.median_ms
         row["latency_runs"] = repeats
     return row
 
 
 def _format_table(rows: Sequence[dict[str, Any]]) -> str:
-    header = (
-        f"{'model':<19}{'params':>12}{'convs':>7}{'conv GFLOP':>11}{'total GFLOP':>12}"
-        f"{'conv share':>11}{'paper T1':>9}{'latency ms':>11}{'cache MB':>9}"
-    )
-    lines = [header, "-" * len(header)]
-    for r in rows:
-        paper = r["paper_conv_time_share"]
-        lat = r["latency_ms"]
-        convs = f"{r['convs']}" + ("" if r["paper_convs"] in (None, r["convs"]) else "!")
-        lines.append(
-            f"{r['model']:<19}{r['params']:>12,}{convs:>7}{r['conv_gflops']:>11.3f}"
-            f"{r['total_gflops']:>12.3f}{r['conv_share']:>11.1%}"
-            f"{(f'{paper:.1%}' if paper is not None else '-'):>9}"
-            f"{(f'{lat:.1f}' if lat is not None else '-'):>11}{r['cache_mb']:>9.2f}"
-        )
-    lines.append(
-        "paper T1: conv share of time, DeepCache Table 1 (TensorFlow, Nexus 6). "
+    def share(value: float | None) -> str:
+        return f"{value:.1%}" if value is not None else "-"
+
+    text = table([
+        {"model": r["model"], "params": f"{r['params']:,}",
+         "convs": f"{r['convs']}" + ("" if r["paper_convs"] in (None, r["convs"]) else "!"),
+         "conv GFLOP": f"{r['conv_gflops']:.3f}", "total GFLOP": f"{r['total_gflops']:.3f}",
+         "conv share": share(r["conv_share"]), "paper T1": share(r["paper_conv_time_share"]),
+         "latency ms": "-" if r["latency_ms"] is None else f"{r['latency_ms']:.1f}",
+         "cache MB": f"{r['cache_mb']:.2f}"}
+        for r in rows
+    ])  # fmt: skip
+    return text + (
+        "\npaper T1: conv share of time, DeepCache Table 1 (TensorFlow, Nexus 6). "
         "cache MB: float32 outputs of all convs (paper Figure 18: 2.5-43.8 MB)."
     )
-    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(
-        prog="python -m dcjax.models.bench",
-        description="Per-model parameters, conv FLOPs and share, dense jit latency and "
-        "conv-cache memory of the dcjax model zoo (random weights).",
-    )
+    """``dcjax bench zoo``; returns the exit status (bad arguments exit with status 2)."""
+    parser = program_parser("zoo", __doc__)
     parser.add_argument("--models", nargs="+", choices=models.names(), default=models.names())
-    parser.add_argument("--repeats", type=int, default=10, help="timed runs per model")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed runs after compiling")
+    parser.add_argument("--repeats", type=at_least(1), default=10, help="timed runs per model")
+    parser.add_argument("--warmup", type=nonnegative_int, default=2,
+                        help="untimed runs after compiling")  # fmt: skip
     parser.add_argument("--no-latency", action="store_true", help="skip timing")
     parser.add_argument(
         "--out", default=os.path.join("bench-results", "models.json"), help="JSON output path"
     )
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
     rows = []
     for name in args.models:
         print(f"measuring {name} ...", file=sys.stderr, flush=True)
@@ -243,24 +236,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             measure(name, repeats=args.repeats, warmup=args.warmup, latency=not args.no_latency)
         )
     print(_format_table(rows))
+    host = machine()
     result = {
-        "benchmark": "dcjax.models.bench",
-        "jax": jax.__version__,
-        "device": str(jax.devices()[0]),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "benchmark": "dcjax bench zoo",
+        **{k: host[k] for k in ("jax", "device", "platform", "cpu_count", "load_average")},
         "batch": 1,
         "models": rows,
     }
-    directory = os.path.dirname(args.out)
-    if directory:
-        os.makedirs(directory, exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
+    write_json(args.out, result, indent=2)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

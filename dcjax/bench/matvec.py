@@ -1,10 +1,11 @@
-"""Benchmark of `delta_matvec` against the dense product: ``python -m dcjax.kernels.matvec_bench``.
+"""Benchmark of `delta_matvec` against the dense product: ``dcjax bench matvec``.
 
 For fully connected shapes of the zoo (AlexNet's ``fc6`` 9216 x 4096 and
 ``fc7`` 4096 x 4096, YOLO-tiny's detection layer 12544 x 1470 by default) and
 fractions of changed inputs, it times the dense product ``x @ W`` and the
 delta update ``y + d[changed] @ W[changed]`` (`dcjax.kernels.matvec`), both
-jitted, interleaved call by call after a warm-up, and checks each update
+jitted, interleaved call by call after a warm-up (`dcjax.bench.common.time_interleaved`),
+and checks each update
 against its oracle (`reference_delta_matvec`). The changed inputs are drawn
 at random (uniformly, a fixed seed): the rows read are scattered over the
 matrix, as the inputs a ReLU leaves at zero on both frames are. It prints
@@ -18,15 +19,21 @@ medians and minima in ms, the speedup over dense and the break-even hint
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dcjax.kernels.bench import write_records
+from dcjax.bench.common import (
+    Timed,
+    at_least,
+    program_parser,
+    table,
+    time_interleaved,
+    unit_interval,
+    write_json,
+)
 from dcjax.kernels.matvec import delta_matvec, reference_delta_matvec
 
 __all__ = ["SHAPES", "FRACTIONS", "main", "run"]
@@ -43,23 +50,6 @@ def _parse_shape(text: str) -> tuple[int, int]:
     if not sep or not k.isdigit() or not n.isdigit() or int(k) < 1 or int(n) < 1:
         raise argparse.ArgumentTypeError(f"shape {text!r} must be KxN, e.g. 9216x4096")
     return int(k), int(n)
-
-
-def _parse_fraction(text: str) -> float:
-    try:
-        f = float(text)
-    except ValueError:
-        f = -1.0
-    if not 0.0 <= f <= 1.0:
-        raise argparse.ArgumentTypeError(f"fraction {text!r} must be a number in [0, 1]")
-    return f
-
-
-def _ms(fn, args) -> float:
-    """Milliseconds of one call of ``fn(*args)``, waiting for its result."""
-    t = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return 1e3 * (time.perf_counter() - t)
 
 
 def run(
@@ -83,12 +73,15 @@ def run(
             want = reference_delta_matvec(y, w, x, changed)
             scale = float(jnp.max(jnp.abs(want))) or 1.0
             err = float(jnp.max(jnp.abs(got - want))) / scale
-            jax.block_until_ready(dense(x, w))
-            t_dense, t_delta = [], []
-            for _ in range(reps):  # interleaved: one call of each in turn
-                t_dense.append(_ms(dense, (x, w)))
-                t_delta.append(_ms(delta, (y, w, x, changed)))
-            d_med, u_med = statistics.median(t_dense), statistics.median(t_delta)
+            t_dense, t_delta = time_interleaved(
+                [
+                    Timed(call=dense, prepare=lambda x=x, w=w: (x, w)),
+                    Timed(call=delta, prepare=lambda a=(y, w, x, changed): a),
+                ],
+                reps,
+                warmup=1,
+            )
+            d_med, u_med = t_dense.median_ms, t_delta.median_ms
             records.append(
                 dict(
                     k=k,
@@ -97,8 +90,8 @@ def run(
                     changed=float(jnp.mean(changed)),
                     dense_ms=d_med,
                     delta_ms=u_med,
-                    dense_ms_min=min(t_dense),
-                    delta_ms_min=min(t_delta),
+                    dense_ms_min=t_dense.min_ms,
+                    delta_ms_min=t_delta.min_ms,
                     speedup=d_med / u_med,
                     max_rel_err=err,
                 )
@@ -107,38 +100,29 @@ def run(
 
 
 def _table(records: list[dict]) -> str:
-    head = (
-        f"{'shape':<13}{'changed%':>9}{'dense ms':>10}{'delta ms':>10}{'speedup':>9}"
-        f"{'| min: dense':>12}{'delta':>8}{'rel err':>10}"
-    )
-    lines = [head, "-" * len(head)]
-    for r in records:
-        lines.append(
-            f"{r['k']}x{r['n']:<{12 - len(str(r['k']))}}{100 * r['changed']:>9.1f}"
-            f"{r['dense_ms']:>10.3f}{r['delta_ms']:>10.3f}{r['speedup']:>9.2f}"
-            f"{r['dense_ms_min']:>12.3f}{r['delta_ms_min']:>8.3f}{r['max_rel_err']:>10.1e}"
-        )
-    return "\n".join(lines)
+    return table([
+        {"shape": f"{r['k']}x{r['n']}", "changed%": f"{100 * r['changed']:.1f}",
+         "dense ms": f"{r['dense_ms']:.3f}", "delta ms": f"{r['delta_ms']:.3f}",
+         "speedup": f"{r['speedup']:.2f}", "| min: dense": f"{r['dense_ms_min']:.3f}",
+         "min delta": f"{r['delta_ms_min']:.3f}", "rel err": f"{r['max_rel_err']:.1e}"}
+        for r in records
+    ])  # fmt: skip
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command-line entry point."""
-    ap = argparse.ArgumentParser(prog="python -m dcjax.kernels.matvec_bench", description=__doc__)
+def main(argv: Sequence[str] | None = None) -> int:
+    """``dcjax bench matvec``; returns the exit status (bad arguments exit with status 2)."""
+    ap = program_parser("matvec", __doc__)
     ap.add_argument("--shapes", nargs="+", type=_parse_shape, default=list(SHAPES), metavar="KxN")
-    ap.add_argument("--fractions", nargs="+", type=_parse_fraction, default=list(FRACTIONS))
-    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--fractions", nargs="+", type=unit_interval, default=list(FRACTIONS))
+    ap.add_argument("--reps", type=at_least(1), default=30)
     ap.add_argument("--out", default="bench-results/matvec.json")
     args = ap.parse_args(argv)
-    if args.reps < 1:
-        ap.error(f"argument --reps: must be at least 1, got {args.reps}")
     records = run(args.shapes, args.fractions, reps=args.reps)
     print(
         f"backend {jax.default_backend()}, times in ms (median and min of {args.reps} "
         "interleaved calls); rel err: against the oracle, relative to its largest value"
     )
     print(_table(records))
-    write_records(args.out, records)
-
-
-if __name__ == "__main__":
-    main()
+    write_json(args.out, {"jax": jax.__version__, "records": records})
+    print(f"wrote {args.out}")
+    return 0

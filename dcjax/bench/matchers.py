@@ -1,4 +1,4 @@
-"""Benchmark of the block matchers: ``python -m dcjax.matching.bench``.
+"""Benchmark of the block matchers: ``dcjax bench matchers``.
 
 Frames of 227x227 with 10x10 blocks, as in DeepCache Section 7.6. The footage
 is real photos from scikit-image panned by a camera whose velocity drifts (a
@@ -28,19 +28,17 @@ processes spreads over all of them. Results go to a JSON file and a table.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dcjax.bench.common import machine, positive_int, program_parser, table, write_json
 from dcjax.matching import histogram_match, match
+
+__all__ = ["PHOTOS", "SIZE", "format_table", "main", "make_clip", "run"]
 
 SIZE = 227
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera")
@@ -181,6 +179,7 @@ def run(
                 motion, _ = jax.block_until_ready(batched[k](batch[:, t - 1], batch[:, t], motion))
                 blat[k].append(time.perf_counter() - t0)
 
+    host = machine()
     results = {
         "frame": [SIZE, SIZE, 3],
         "block_size": 10,
@@ -188,11 +187,7 @@ def run(
         "frames_per_clip": frames,
         "streams": streams,
         "rounds": rounds,
-        "jax": jax.__version__,
-        "device": str(jax.devices()[0]),
-        "cpu_count": os.cpu_count(),
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "machine": platform.machine(),
+        **{k: host[k] for k in ("jax", "device", "cpu_count", "load_average", "machine")},
         "configs": {},
     }
     for k, o in configs.items():
@@ -209,24 +204,20 @@ def run(
             "match_ratio": float(np.mean(ratios[k])),
         }
     if out:
-        path = Path(out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=2))
+        write_json(out, results, indent=2)
     return results
 
 
 def format_table(results: dict) -> str:
     """The results as a text table."""
-    lines = [
-        f"{'matcher':22s} {'1-stream fps':>12s} {'median ms':>10s} {'p10 ms':>8s} "
-        f"{'CPU ms':>7s} {'batched fps':>12s} {'match ratio':>12s}"
-    ]
-    for k, r in results["configs"].items():
-        lines.append(
-            f"{k:22s} {r['single_fps']:12.0f} {r['single_median_ms']:10.3f} "
-            f"{r['single_p10_ms']:8.3f} {r['single_cpu_median_ms']:7.3f} "
-            f"{r['batched_fps']:12.0f} {r['match_ratio']:12.3f}"
-        )
+    rows = [
+        {"matcher": k, "1-stream fps": f"{r['single_fps']:.0f}",
+         "median ms": f"{r['single_median_ms']:.3f}", "p10 ms": f"{r['single_p10_ms']:.3f}",
+         "CPU ms": f"{r['single_cpu_median_ms']:.3f}",
+         "batched fps": f"{r['batched_fps']:.0f}", "match ratio": f"{r['match_ratio']:.3f}"}
+        for k, r in results["configs"].items()
+    ]  # fmt: skip
+    lines = [table(rows)]
     c = results["configs"]
     ds, ex = c["diamond+accel"], c["exhaustive"]
     lines.append("")
@@ -240,12 +231,14 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Command-line entry point."""
-    parser = argparse.ArgumentParser(prog="python -m dcjax.matching.bench", description=__doc__)
-    parser.add_argument("--frames", type=int, default=40, help="frames per clip")
-    parser.add_argument("--streams", type=int, default=8, help="streams in the batched run")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+def main(argv: Sequence[str] | None = None) -> int:
+    """``dcjax bench matchers``; returns the exit status (bad arguments exit with status 2)."""
+    parser = program_parser("matchers", __doc__)
+    parser.add_argument("--frames", type=positive_int, default=40, help="frames per clip")
+    parser.add_argument("--streams", type=positive_int, default=8,
+                        help="streams in the batched run")  # fmt: skip
+    parser.add_argument("--rounds", type=positive_int, default=5,
+                        help="interleaved timing rounds")  # fmt: skip
     parser.add_argument("--out", default="bench-results/matching.json", help="JSON output path")
     parser.add_argument("--quick", action="store_true", help="2 clips, 12 frames, 2 rounds")
     args = parser.parse_args(argv)
@@ -256,7 +249,4 @@ def main(argv: list[str] | None = None) -> None:
     print(format_table(results))
     if args.out:
         print(f"\nwrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

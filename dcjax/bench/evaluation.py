@@ -6,8 +6,8 @@ decodes the frames at the model's input size and calls
 variants for the threshold and block-size sweeps, refinement variants for the
 ``delta`` sweep), collecting one record per
 (model, video, method variant). `compare_matchers` times each frame matcher
-alone on consecutive frames (DeepCache's Table 4). `write_json` writes records
-as the JSON list the issue specifies. With ``profile=True`` every method is
+alone on consecutive frames (DeepCache's Table 4). The command writes the
+records as a JSON list (`dcjax.bench.common.write_json`). With ``profile=True`` every method is
 also timed layer by layer on the same frames (`dcjax.eval.profile`, what
 ``dcjax profile`` prints): each record gains ``profile`` (``frames``,
 ``wall_ms``, ``total_ms``, ms a frame per ``groups`` and per ``kinds`` of
@@ -21,8 +21,6 @@ Benchmarks are commands, not tests: the timings come from here only.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -44,7 +42,6 @@ __all__ = [
     "add_profiles",
     "compare_matchers",
     "run_bench",
-    "write_json",
 ]
 
 #: The DeepCache paper's five models (REC_1, REC_2, REC_3, DET, DRV).
@@ -53,13 +50,6 @@ DEFAULT_METHODS = ("nocache", "deepcache", "deepmon", "mil", "frame")
 DEFAULT_MATCHERS = ("static", "diamond", "three_step", "exhaustive", "histogram")
 #: Frames `run_bench(profile=True)` runs untimed before it profiles a method.
 PROFILE_WARMUP = 3
-
-
-def write_json(path: str, records: Sequence[Mapping[str, Any]]) -> None:
-    """Write ``records`` as an indented JSON list (directories created)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(list(records), f, indent=1)
 
 
 def compare_matchers(
@@ -89,16 +79,15 @@ def compare_matchers(
     if len(dev) < 2:
         raise ValueError("dcjax: compare_matchers needs at least two frames")
     for name in names:
-        if name == "histogram":
-            fn = jax.jit(lambda p, c: matching.histogram_match(p, c))
-        elif name == "static":
-            fn = jax.jit(lambda p, c: matching.static_match(
-                p, c, block_size=block_size, psnr_threshold=psnr_threshold))  # fmt: skip
-        else:
-            # as the DeepCache step matches: motion and mask, not every vector
-            fn = jax.jit(lambda p, c, _s=name: matching.match(
-                p, c, search=_s, block_size=block_size, psnr_threshold=psnr_threshold,
-                all_vectors=False))  # fmt: skip
+        # the histogram matcher with DeepMon's defaults; the searches as the
+        # DeepCache step matches (motion and mask, not every vector), searching
+        # every frame as the paper does
+        options = {"prejudge": False} if name in matching.SEARCHES else None
+        matcher = matching.StreamMatcher(
+            name=name, options=matching.matcher_options(name, options), block_size=block_size,
+            psnr_threshold=psnr_threshold,
+        )  # fmt: skip
+        fn = jax.jit(matcher.match_frames)
         jax.block_until_ready(fn(dev[0], dev[1]))
         times, ratios = [], []
         for _ in range(repeats):
@@ -208,7 +197,7 @@ def run_bench(
     Args:
         model_names: zoo models.
         videos: files FFmpeg reads, or bundled clip names.
-        methods: method specs (see `dcjax.eval.methods.parse_method`).
+        methods: method specs (see `dcjax.eval.registry.parse_method`).
         frames: frames per video.
         start: frames skipped at the start of every video.
         pretrained: True, False, or ``"auto"`` (real weights where the zoo has them).
@@ -233,7 +222,7 @@ def run_bench(
     variants = _variants(methods, thresholds, blocks, deltas)
     records: list[dict[str, Any]] = []
     matcher_rows: list[dict[str, Any]] = []
-    paths = {v: harness.resolve_video(v) for v in videos}
+    paths = {v: video.resolve(v) for v in videos}
     for name in model_names:
         spec_info = models.info(name)
         use_pretrained = spec_info.pretrained if pretrained == "auto" else bool(pretrained)

@@ -1,4 +1,4 @@
-"""Benchmark of semantic early exits: ``python -m dcjax.semantic.bench``.
+"""Benchmark of semantic early exits: ``dcjax bench semantic``.
 
 Pretrained EfficientNet-Lite0 at 224x224 on a bundled clip (``vtest``, fixed
 camera, by default). Methods, timed frame by frame with `CachedModel.step`
@@ -6,7 +6,7 @@ camera, by default). Methods, timed frame by frame with `CachedModel.step`
 ``--repeats`` passes of the clip:
 
 - ``no-cache``: the jitted model;
-- ``semantic``: exits only (no layer is reused: ``reuse_ops=()``);
+- ``semantic``: exits only (no layer is reused: ``psnr_threshold=inf``);
 - ``deepcache``: exact DeepCache alone;
 - ``deepcache+semantic``: both in one step.
 
@@ -28,17 +28,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import math
-import os
-import platform
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
+
+from dcjax.bench.common import (
+    machine,
+    positive_int,
+    program_parser,
+    write_json,
+)
 
 __all__ = ["auto_taus", "main", "run_benchmark"]
 
@@ -84,7 +87,7 @@ def run_benchmark(
 ) -> dict:
     """Run the benchmark and return the results as a dict (see module docstring)."""
     from dcjax import models
-    from dcjax.eval.methods import ModelSpec, make_runner
+    from dcjax.eval.registry import ModelSpec, make_runner
     from dcjax.semantic import memory_bytes
 
     module, variables = models.create(_MODEL, pretrained=True)
@@ -222,6 +225,7 @@ def run_benchmark(
                 entry.update(_exit_stats(cached_models[name], infos))
         results[name] = entry
 
+    host = machine()
     return {
         "model": _MODEL,
         "clip": clip,
@@ -236,10 +240,10 @@ def run_benchmark(
         "kernel": kernel,
         "repeats": repeats,
         "platform": {
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-            "jax": jax.__version__,
-            "backend": jax.default_backend(),
+            "machine": host["machine"],
+            "cpus": host["cpu_count"],
+            "jax": host["jax"],
+            "backend": host["backend"],
             "note": "shared CPU; seconds are the median over passes of the per-pass mean",
         },
         "methods": results,
@@ -292,7 +296,8 @@ def _ceiling(cached, calib: np.ndarray, data: np.ndarray, target: float) -> dict
 
 
 def _log(message: str) -> None:
-    print(f"[semantic.bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    print(f"[dcjax bench semantic {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr,
+          flush=True)  # fmt: skip
 
 
 def _exit_stats(cached, infos) -> dict:
@@ -309,22 +314,36 @@ def _exit_stats(cached, infos) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Command-line entry point."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--clip", default="vtest")
+def _taus(text: str) -> tuple[float, ...] | None:
+    """``--taus``: ``auto`` (None) or comma-separated thresholds."""
+    if text == "auto":
+        return None
+    try:
+        return tuple(float(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be auto or comma-separated numbers"
+        ) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``dcjax bench semantic``; returns the exit status (bad arguments exit with status 2)."""
+    p = program_parser("semantic", __doc__)
+    p.add_argument("--clip", default="vtest", help="bundled clip (default vtest)")
     p.add_argument("--calibration", choices=("other-clip", "split"), default="other-clip")
-    p.add_argument("--calib-frames", type=int, default=100)
-    p.add_argument("--frames", type=int, default=None, help="evaluate on the first N frames")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--calib-frames", type=positive_int, default=100)
+    p.add_argument("--frames", type=positive_int, default=None,
+                   help="evaluate on the first N frames")  # fmt: skip
+    p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument("--tau", type=float, default=None)
     p.add_argument(
         "--taus",
-        default="auto",
+        type=_taus,
+        default=None,
         help="comma-separated, or auto: log-spaced over the AC the exit points see",
     )
-    p.add_argument("--max-fast", type=int, default=10)
-    p.add_argument("--window", type=int, default=10)
+    p.add_argument("--max-fast", type=positive_int, default=10)
+    p.add_argument("--window", type=positive_int, default=10)
     p.add_argument("--kernel", default="auto")
     p.add_argument("--exit-points", default="", help="comma-separated; default: every block")
     p.add_argument("--out", default="bench-results/semantic.json")
@@ -335,16 +354,14 @@ def main(argv: list[str] | None = None) -> None:
         calib_frames=a.calib_frames,
         frames=a.frames,
         repeats=a.repeats,
-        taus=None if a.taus == "auto" else tuple(float(t) for t in a.taus.split(",") if t),
+        taus=a.taus,
         tau=a.tau,
         max_fast=a.max_fast,
         window=a.window,
         kernel=a.kernel,
         exit_points=tuple(n for n in a.exit_points.split(",") if n) or None,
     )
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as fh:
-        json.dump(res, fh, indent=2, default=_json_default)
+    write_json(a.out, res, indent=2)
     for name, r in res["methods"].items():
         print(
             f"{name:20s} {1e3 * r['seconds_per_frame']:8.1f} ms/frame  "
@@ -371,17 +388,4 @@ def main(argv: list[str] | None = None) -> None:
                 f"coverage {100 * q['coverage']:5.1f}%  ideal {q['ideal_speedup']:.2f}x"
             )
     print(f"memory {res['memory_mb']:.2f} MB; wrote {a.out}")
-
-
-def _json_default(o: Any) -> Any:
-    if dataclasses.is_dataclass(o):
-        return dataclasses.asdict(o)
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    if isinstance(o, float) and math.isnan(o):
-        return None
-    raise TypeError(type(o).__name__)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

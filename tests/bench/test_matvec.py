@@ -1,4 +1,4 @@
-"""The delta matvec benchmark (`dcjax.kernels.matvec_bench`) on small shapes."""
+"""The delta matvec benchmark (`dcjax bench matvec`) on small shapes."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from dcjax.kernels import matvec_bench
+from dcjax.bench import matvec
 
 
 def test_records_every_shape_and_fraction_with_checked_results(tmp_path, capsys):
     out = tmp_path / "sub" / "m.json"
-    matvec_bench.main(
+    matvec.main(
         ["--shapes", "300x40", "64x8", "--fractions", "0", "0.5", "1", "--reps", "2",
          "--out", str(out)]
     )  # fmt: skip
@@ -42,6 +42,6 @@ def test_records_every_shape_and_fraction_with_checked_results(tmp_path, capsys)
 )
 def test_bad_arguments_are_one_line_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
-        matvec_bench.main(argv)
+        matvec.main(argv)
     assert e.value.code == 2
     assert message in capsys.readouterr().err

@@ -1,0 +1,33 @@
+"""Benchmark programs: ``dcjax bench PROGRAM ...``.
+
+Each program is a module here with ``main(argv) -> int`` (its own options,
+``dcjax bench PROGRAM --help``), and writes its results as JSON under
+``bench-results/`` by default:
+
+- `dcjax.bench.kernels`: the sparse convolution kernels against the dense
+  convolution, by dirty fraction;
+- `dcjax.bench.matvec`: the fully connected row update against the dense
+  product, by fraction of changed inputs;
+- `dcjax.bench.matchers`: the block matchers' frames per second and match ratio;
+- `dcjax.bench.zoo`: the model zoo's parameters, FLOPs, dense latency and
+  cache memory;
+- `dcjax.bench.semantic`: semantic early exits (tau sweep, exit rates, exit ceiling);
+- `dcjax.bench.ceiling`: ideal speedup against fidelity with every reuse taken.
+
+``dcjax bench`` without a program is the paper's evaluation
+(`dcjax.bench.evaluation`). The helpers the programs and the command share
+(argument types and checks, tables, JSON, timing) are `dcjax.bench.common`.
+Importing this package imports none of the programs.
+"""
+
+__all__ = ["PROGRAMS"]
+
+#: Program name (a module of this package) -> what it measures.
+PROGRAMS: dict[str, str] = {
+    "kernels": "sparse convolution kernels against dense, by dirty fraction",
+    "matvec": "fully connected row updates against dense, by changed fraction",
+    "matchers": "block matchers: frames/s and match ratio",
+    "zoo": "the model zoo: parameters, FLOPs, latency, cache memory",
+    "semantic": "semantic exits: tau sweep, exit rates, exit ceiling",
+    "ceiling": "ideal speedup against fidelity with every reuse taken",
+}

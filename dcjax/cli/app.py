@@ -1,0 +1,283 @@
+"""The ``dcjax`` command's parser and entry point (`main`).
+
+`build_parser` defines the subcommands and their options; `main` parses,
+points JAX's persistent compilation cache at `compilation_cache_dir`, pins the
+process to ``--cpus`` cores, runs the subcommand (`dcjax.cli.subcommands`,
+`dcjax.cli.evaluation`) and turns Ctrl-C into one line and exit status 130.
+``dcjax bench PROGRAM ...`` runs a benchmark program of `dcjax.bench` with the
+rest of the arguments, as its own command (``dcjax bench PROGRAM --help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from dcjax.bench import PROGRAMS, common
+
+__all__ = ["COMPILATION_CACHE_MAX_BYTES", "build_parser", "compilation_cache_dir", "main"]
+
+#: Size past which the command's compilation cache drops its least recently used programs.
+COMPILATION_CACHE_MAX_BYTES = 2 << 30
+
+
+def _add_size_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--width", type=common.width, default=1.0,
+                   help="channel multiplier of zoo models (1.0: the published network; "
+                        "small values for quick runs; no pretrained weights then)")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--cpus", type=common.positive_int, metavar="N",
+                   help="run on N of this process's CPU cores (default: all); XLA:CPU "
+                        "parallelises dense convolutions over cores but not the sparse "
+                        "kernels' loops, so speedups depend on it")  # fmt: skip
+
+
+def _add_video_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("video", metavar="VIDEO", help="video file (or bundled clip name)")
+    p.add_argument("--model", required=True, help="zoo model (see dcjax models)")
+    p.add_argument("--pretrained", action="store_true", help="real weights (efficientnet_lite0)")
+    p.add_argument("--start", type=common.nonnegative_int, default=0, help="frames to skip first")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``dcjax`` command."""
+    parser = common.ArgumentParser(
+        prog="dcjax",
+        description="DeepCache for JAX: reuse CNN work across frames.",
+        epilog="Compiled steps are kept between runs in $XDG_CACHE_HOME/dcjax/xla "
+        "(~/.cache/dcjax/xla, at most 2 GiB); DCJAX_COMPILATION_CACHE=DIR puts them "
+        "elsewhere, DCJAX_COMPILATION_CACHE=off keeps none.",
+    )
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=common.ArgumentParser
+    )
+    sub.required = True
+
+    demo = sub.add_parser("demo", help="EfficientNet-Lite0 on a bundled clip, with and without "
+                                       "DeepCache; writes dcjax-demo/report.html")  # fmt: skip
+    demo.add_argument("--frames", type=common.frames_int, default=80, help="frames (default 80)")
+    demo.add_argument(
+        "--video",
+        default="vtest",
+        help="bundled clip name or video file (default vtest, fixed camera)",
+    )
+    demo.add_argument("--model", default="efficientnet_lite0", help="zoo model")
+    demo.add_argument(
+        "--method",
+        default="deepcache",
+        help="method spec compared with nocache (default deepcache)",
+    )
+    demo.add_argument("--out", default="dcjax-demo", help="output directory")
+    demo.add_argument("--no-pretrained", action="store_true", help="random weights")
+    _add_size_args(demo)
+
+    run = sub.add_parser("run", help="one model and method on a video")
+    _add_video_model_args(run)
+    run.add_argument("--method", default="deepcache", help="method spec (default deepcache)")
+    run.add_argument("--frames", type=common.frames_int, default=100, help="frames (default 100)")
+    run.add_argument("--json", metavar="PATH", help="write the metrics records here")
+    run.add_argument("--out", metavar="PATH", help="write the frames with the reuse mask here")
+    _add_size_args(run)
+
+    bench = sub.add_parser(
+        "bench",
+        help="the paper's evaluation: models x videos x methods; or a benchmark program "
+        "(dcjax bench PROGRAM --help)",
+        usage="%(prog)s [options]\n       %(prog)s PROGRAM [program options]",
+        description="The paper's evaluation: every model x video x method, optional sweeps.\n"
+        "With a PROGRAM first, one of the benchmark programs instead, with options of\n"
+        "its own (dcjax bench PROGRAM --help).",
+        epilog="programs:\n" + "\n".join(f"  {name:<10} {what}" for name, what in PROGRAMS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_argument(
+        "--models",
+        nargs="+",
+        default=None,
+        metavar="M",
+        help="zoo models (default: the paper's five and efficientnet_lite0)",
+    )
+    bench.add_argument(
+        "--videos",
+        nargs="+",
+        default=["vtest", "box"],
+        metavar="PATH",
+        help="video files or bundled clip names (default: vtest box)",
+    )
+    bench.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        metavar="METHOD",
+        help="method specs (default: nocache deepcache deepmon mil frame)",
+    )
+    bench.add_argument("--frames", type=common.frames_int, default=100, help="frames per video")
+    bench.add_argument(
+        "--start",
+        type=common.nonnegative_int,
+        default=0,
+        help="frames to skip at the start of every video",
+    )
+    bench.add_argument(
+        "--thresholds",
+        nargs="+",
+        type=float,
+        default=[],
+        metavar="T",
+        help="DeepCache PSNR thresholds to sweep (Fig. 16)",
+    )
+    bench.add_argument(
+        "--blocks",
+        nargs="+",
+        type=common.positive_int,
+        default=[],
+        metavar="B",
+        help="DeepCache block sizes to sweep (Fig. 17)",
+    )
+    bench.add_argument(
+        "--deltas",
+        nargs="+",
+        type=common.nonnegative_float,
+        default=[],
+        metavar="D",
+        help="refinement thresholds to sweep: deepcache+refine and delta at each "
+        "(speed against agreement, a Pareto front in the report)",
+    )
+    bench.add_argument(
+        "--matchers",
+        nargs="*",
+        default=None,
+        metavar="MATCHER",
+        help="compare matchers on each video (Table 4); no value: all",
+    )
+    bench.add_argument(
+        "--pretrained",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="real weights where available (auto), always, never",
+    )
+    bench.add_argument(
+        "--json",
+        metavar="PATH",
+        default="bench-results/bench.json",
+        help="metrics records (default bench-results/bench.json)",
+    )
+    bench.add_argument("--report", metavar="PATH", help="HTML report with plots")
+    bench.add_argument(
+        "--profile",
+        action="store_true",
+        help="also time every method layer by layer on the same frames (as dcjax profile "
+        "does): the records get the times and the report a table of where the time went",
+    )
+    _add_size_args(bench)
+
+    prof = sub.add_parser("profile", help="where each method's time goes, layer by layer")
+    _add_video_model_args(prof)
+    prof.add_argument(
+        "--methods",
+        nargs="+",
+        default=["nocache", "deepcache"],
+        metavar="METHOD",
+        help="method specs (default: nocache deepcache)",
+    )
+    prof.add_argument(
+        "--frames",
+        type=common.frames_int,
+        default=20,
+        help="frames, the first 5 untimed (default 20)",
+    )
+    prof.add_argument("--json", metavar="PATH", help="write the profiles here")
+    _add_size_args(prof)
+
+    sub.add_parser("models", help="the model zoo with input shapes and FLOPs")
+    return parser  # fmt: skip
+
+
+def compilation_cache_dir() -> str | None:
+    """Where the command keeps compiled programs, or None for nowhere.
+
+    ``JAX_COMPILATION_CACHE_DIR``, where set, is JAX's own setting and wins;
+    else ``DCJAX_COMPILATION_CACHE``: a directory, or ``off``; else
+    ``$XDG_CACHE_HOME/dcjax/xla`` (``~/.cache/dcjax/xla``).
+    """
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return os.environ["JAX_COMPILATION_CACHE_DIR"]
+    value = os.environ.get("DCJAX_COMPILATION_CACHE", "").strip()
+    if value.lower() in ("off", "0", "no", "false", "none"):
+        return None
+    if value:
+        return os.path.expanduser(value)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "dcjax", "xla")
+
+
+def _use_compilation_cache() -> None:
+    """Point JAX's persistent compilation cache at `compilation_cache_dir`, capped
+    at `COMPILATION_CACHE_MAX_BYTES` (JAX's own ``JAX_COMPILATION_CACHE_*``
+    settings are left alone); a directory that cannot be made means no cache."""
+    path = compilation_cache_dir()
+    if path is None or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", path)
+    if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
+        jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_MAX_BYTES)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] == "bench" and argv[1] in PROGRAMS:
+        return _interruptible(lambda: _program(argv[1]).main(argv[2:]))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "models":
+        _use_compilation_cache()
+    sub = _subparser(parser, args.command)
+    if getattr(args, "cpus", None) is not None:
+        _pin_cpus(sub, args.cpus)
+    from dcjax.cli import evaluation, subcommands
+
+    handler = {"demo": subcommands.demo_command, "run": subcommands.run_command,
+               "bench": evaluation.bench_command, "models": subcommands.models_command,
+               "profile": subcommands.profile_command}[args.command]  # fmt: skip
+    return _interruptible(lambda: handler(sub, args))
+
+
+def _program(name: str):
+    import importlib
+
+    return importlib.import_module(f"dcjax.bench.{name}")
+
+
+def _interruptible(run) -> int:
+    """``run()``'s exit status; Ctrl-C is one line and the shell's status for SIGINT."""
+    try:
+        return run()
+    except KeyboardInterrupt as e:
+        print(f"dcjax: interrupted{e.args[0] if e.args else ''}", file=sys.stderr)
+        return 130
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:  # argparse keeps subparsers here
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]
+    return parser
+
+
+def _pin_cpus(sub: argparse.ArgumentParser, n: int) -> None:
+    """Restrict the process to its first ``n`` allowed cores, before XLA starts."""
+    if not hasattr(os, "sched_setaffinity"):
+        sub.error("argument --cpus: this platform cannot restrict a process to some cores")
+    allowed = sorted(os.sched_getaffinity(0))
+    if n > len(allowed):
+        sub.error(f"argument --cpus: {n} cores asked for, this process may use {len(allowed)}")
+    os.sched_setaffinity(0, allowed[:n])

@@ -1,0 +1,123 @@
+"""``dcjax bench`` with no program: the paper's evaluation (Section 7).
+
+Every model x video x method, optional sweeps (`dcjax.bench.evaluation.run_bench`);
+each record is written to the JSON as it comes, with the machine's CPU count and
+``XLA_FLAGS``; a summary table is printed and, with ``--report``, the HTML
+report written. Ctrl-C says how many records are kept and where (and writes
+their report, marked as interrupted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from typing import Any
+
+from dcjax.bench import common
+
+__all__ = ["bench_command"]
+
+
+def bench_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from dcjax.bench import evaluation
+    from dcjax.eval import report
+
+    model_names = args.models or [*evaluation.PAPER_MODELS, "efficientnet_lite0"]
+    for m in model_names:
+        common.check_model(sub, "--models", m)
+    methods = args.methods or list(evaluation.DEFAULT_METHODS)
+    for m in methods:
+        common.check_method(sub, "--methods", m)
+    for v in args.videos:
+        common.check_video(sub, "--videos", v, args.start)
+    common.check_output(sub, "--json", args.json)
+    common.check_output(sub, "--report", args.report)
+    matchers = args.matchers
+    if matchers is not None:
+        from dcjax.config import MATCHERS
+
+        matchers = matchers or list(evaluation.DEFAULT_MATCHERS)
+        for m in matchers:
+            if m not in MATCHERS:
+                sub.error(f"argument --matchers: unknown matcher {m!r}; choose from "
+                          f"{', '.join(MATCHERS)}")  # fmt: skip
+    pretrained = {"auto": "auto", "yes": True, "no": False}[args.pretrained]
+    records: list[dict[str, Any]] = []
+    host = common.machine()  # after --cpus pinned the process
+    cpus, xla_flags = host["cpus"], host["xla_flags"]
+
+    def keep(record: dict[str, Any]) -> None:
+        record["cpus"] = cpus
+        record["xla_flags"] = xla_flags  # XLA:CPU's library choice moves the baseline
+        records.append(record)
+        common.write_json(args.json, records)  # partial results survive an interrupt
+
+    truncated: set[str | None] = set()
+
+    def warn_once(error: Any, kept: int) -> None:  # each model decodes each video
+        if error.path not in truncated:
+            truncated.add(error.path)
+            common.warn_truncated(error, kept)
+
+    def report_to(records: list, note: str = "") -> str:
+        intro = (
+            f"{cpus} CPU core(s) of this machine, JAX {host['jax']} on "
+            f"{host['backend']}; medians per frame with matching included."
+            + (f" XLA_FLAGS={xla_flags}." if xla_flags else "")
+            + note
+        )
+        report.write_report(args.report, records, matcher_rows=matcher_rows,
+                            title="dcjax bench", intro=intro)  # fmt: skip
+        return args.report
+
+    matcher_rows: list = []
+    interrupted = " Interrupted: the records made before the interruption only."
+    with (
+        common.method_errors(sub, "--methods"),
+        _saying_what_is_kept(
+            records, args.json, (lambda r: report_to(r, interrupted)) if args.report else None
+        ),
+    ):
+        records_out, matcher_rows = evaluation.run_bench(
+            model_names, args.videos, methods, frames=args.frames, start=args.start,
+            pretrained=pretrained,
+            width=args.width, thresholds=args.thresholds, blocks=args.blocks,
+            deltas=args.deltas,
+            matchers=matchers or (), progress=not args.no_progress, on_record=keep,
+            profile=args.profile, on_truncated=warn_once,
+        )  # fmt: skip
+    for record in records_out:  # the same, for records not passed to `keep`
+        record["cpus"] = cpus
+        record["xla_flags"] = xla_flags
+    common.write_json(args.json, records_out)
+    if matcher_rows:
+        common.write_json(os.path.splitext(args.json)[0] + ".matchers.json", matcher_rows)
+    print(common.table([
+        {k: row[k] for k in ("model", "video", *report.SHORT_COLUMNS, "cache MiB")}
+        for row in report.summary_rows(records_out)
+    ]))  # fmt: skip
+    print(f"wrote {args.json}")
+    if args.report:
+        print(f"wrote {report_to(records_out)}")
+    return 0
+
+
+@contextlib.contextmanager
+def _saying_what_is_kept(records: list, path: str, report_to=None):
+    """An interruption names where the records made so far are (each is written
+    as it comes) and, given ``report_to(records)`` (which writes the report and
+    returns its path), writes their report too; a report that fails is named
+    with its error, and the records stay where they are."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not records:
+            raise KeyboardInterrupt("; no record was made") from None
+        kept = f"; the records made so far ({len(records)}) are in {path}"
+        if report_to is not None:
+            try:
+                kept += f", their report in {report_to(records)}"
+            except Exception as e:  # the records are what must not be lost
+                kept += f" (no report: {type(e).__name__}: {common.message(e)})"
+        raise KeyboardInterrupt(kept) from None

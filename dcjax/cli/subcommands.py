@@ -1,0 +1,294 @@
+"""The subcommands ``dcjax demo``, ``dcjax run``, ``dcjax profile`` and ``dcjax models``.
+
+Each takes its own parser (for one-line argument errors) and the parsed
+arguments, checks what they name before any model loads
+(`dcjax.bench.common`), and returns the exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from dcjax.bench import common
+
+__all__ = [
+    "COLUMNS_NOTE",
+    "PROFILE_WARMUP",
+    "demo_command",
+    "load_spec",
+    "models_command",
+    "nothing_sparse_note",
+    "profile_command",
+    "run_command",
+]
+
+#: Frames `dcjax profile` runs before it times.
+PROFILE_WARMUP = 5
+
+
+def _short_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+    from dcjax.eval.report import SHORT_COLUMNS, summary_rows
+
+    return [{k: row[k] for k in SHORT_COLUMNS} for row in summary_rows(records)]
+
+
+def _per_layer_text(record: dict[str, Any], limit: int | None = None) -> str:
+    from dcjax.eval.report import computed_cells
+
+    layers = record["per_layer"]
+    total = sum(lay["flops"] for lay in layers) or 1
+    rows = []
+    for lay, cell in list(zip(layers, computed_cells(layers), strict=True))[:limit]:
+        bar = "#" * round(20 * lay["reuse_fraction"])
+        name = lay["name"] if len(lay["name"]) <= 34 else "…" + lay["name"][-33:]
+        rows.append({
+            "layer": name,
+            "FLOPs": f"{100 * lay['flops'] / total:.1f}%",
+            "reuse": f"{100 * lay['reuse_fraction']:.0f}%",
+            **cell,
+            "": bar.ljust(20, "."),
+        })  # fmt: skip
+    return common.table(rows)
+
+
+def _where_time_went(records: Sequence[dict[str, Any]]) -> str:
+    lines = []
+    for r in records:
+        if r["method"] in ("nocache", "plain"):
+            continue
+        parts = [
+            f"{label} {r[key]:.1f} ms"
+            for label, key in (
+                ("refresh frames", "refresh_frame_ms"),
+                ("other frames", "other_frame_ms"),
+                ("a repeated frame", "static_frame_ms"),
+            )
+            if r.get(key) is not None
+        ]
+        lines.append(
+            f"{r['variant']}: {', '.join(parts)} (means); dcjax dense "
+            f"{r['dense_mean_ms']:.1f} ms, plain jax.jit ({r['plain_form']}) "
+            f"{r['plain_mean_ms']:.1f} ms"
+        )
+    return "\n".join(["\nwhere the time goes:", *lines]) if lines else ""
+
+
+#: What the columns of the command line's tables mean.
+COLUMNS_NOTE = (
+    "mean ms and fps over every frame (refresh and still frames included), matching "
+    "included; vs plain / vs dense: ratios of mean times against jax.jit(model.apply) in "
+    "its faster form (plain) and dcjax's own dense lowering (nocache), timed on the same "
+    "frames, interleaved; ideal = 1 / FLOPs fraction computed (still frames compute none); "
+    "still = frames skipped whole."
+)
+
+
+def nothing_sparse_note(record: dict[str, Any]) -> str:
+    """Why a cached method gained nothing on moving frames, when it computed
+    every layer in full (per-layer ``sparse`` all false); else ``""``."""
+    layers = record.get("per_layer") or []
+    if not layers or any(lay.get("sparse") is not False for lay in layers):
+        return ""
+    import jax
+
+    kernel = record.get("config", {}).get("kernel", "auto")
+    why = (
+        f'kernel="auto" computes in full the layers too small or too thin for a sparse '
+        f"kernel to pay on this backend ({jax.default_backend()}; dcjax/kernels/auto.py)"
+        if kernel == "auto"
+        else f'kernel="{kernel}" computes every layer in full'
+    )
+    return (
+        f"\nNo layer of {record['model']} is computed sparsely here: {why}. The cached step "
+        "is then the network plus matching: it saves time only on frames that match whole "
+        "(a still scene), whose last output it returns (the bundled clip box has many)."
+    )
+
+
+def load_spec(name: str, *, pretrained: bool, width: float, fps: float, quiet: bool = False):
+    from dcjax.eval.harness import model_spec
+
+    if pretrained and width != 1.0:
+        pretrained = False
+    try:
+        return model_spec(name, pretrained=pretrained, width=width, fps=fps), pretrained
+    except Exception as e:  # missing extra or weights: degrade, loudly
+        if not pretrained:
+            raise
+        print(f"dcjax: pretrained {name} unavailable ({type(e).__name__}: {e}); "
+              "using random weights", file=sys.stderr)  # fmt: skip
+        return model_spec(name, pretrained=False, width=width, fps=fps), False
+
+
+def models_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from dcjax.eval.harness import zoo_table
+
+    rows = zoo_table()
+    print(common.table([
+        {"model": r["name"], "input": "x".join(map(str, r["input_shape"])),
+         "task": r["task"], "params": f"{r['params'] / 1e6:.2f}M",
+         "conv GFLOPs": f"{r['conv_flops'] / 1e9:.3f}", "convs": str(r["convs"]),
+         "pretrained": "yes" if r["pretrained"] else "no"}
+        for r in rows
+    ]))  # fmt: skip
+    return 0
+
+
+def demo_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    common.check_model(sub, "--model", args.model)
+    common.check_method(sub, "--method", args.method)
+    path = common.check_video(sub, "--video", args.video)
+    common.check_output(sub, "--out", args.out, "dir")
+    import numpy as np
+
+    from dcjax import models, video
+    from dcjax.eval import harness, plots, report
+
+    fps = video.info(path).fps or 10.0
+    spec, pretrained = load_spec(args.model, pretrained=not args.no_pretrained,
+                                  width=args.width, fps=fps)  # fmt: skip
+    frames = common.load_clip(path, spec.frame_shape, frames=args.frames)
+    weights = "pretrained" if pretrained else "random-weight"
+    print(f"dcjax demo: {weights} {args.model} on {args.video} ({len(frames)} frames at "
+          f"{spec.frame_shape[0]}x{spec.frame_shape[1]}), without and with {args.method}; "
+          "compiling first (about a minute)...", flush=True)  # fmt: skip
+    with common.method_errors(sub, "--method"):
+        ev = harness.evaluate(spec, frames, ["nocache", args.method], video_label=args.video,
+                              progress=not args.no_progress)  # fmt: skip
+    rec = ev.records[1]
+    print()
+    print(common.table(_short_rows(ev.records)))
+    print(f"\n{rec['frames']} frames. {COLUMNS_NOTE}")
+    if rec["top1_stability"] is not None:
+        print(f"The uncached model's own top-1 stays the same from one frame to the next on "
+              f"{100 * rec['top1_stability']:.0f}% of them: where it flips often, features "
+              "reused from nearly equal pixels flip it too.")  # fmt: skip
+    print(_where_time_went(ev.records))
+    if rec["per_layer"]:
+        cached = getattr(ev.runners[rec["variant"]], "cached", None)
+        n_dense = len(cached.dense_layers) if cached is not None else 0
+        kinds = f"{len(rec['per_layer']) - n_dense} convolutions"
+        if n_dense:  # their reuse: the fraction of weight rows not read
+            kinds += f", then {n_dense} fully connected"
+        computed = any(lay.get("sparse") is not None for lay in rec["per_layer"])
+        print(f"\nreuse per layer ({args.method}, {kinds}; FLOPs = share of the model's"
+              + ("; computed: sparse, skipping what it reuses, or in full on every frame"
+                 if computed else "") + "):")  # fmt: skip
+        print(_per_layer_text(rec))
+        note = nothing_sparse_note(rec)
+        if note:
+            print(note)
+    if pretrained and ev.outputs["nocache"].shape[-1] == 1000:
+        labels = models.imagenet_labels()
+        top = np.bincount(ev.outputs["nocache"].reshape(len(frames), -1).argmax(-1)).argmax()
+        print(f"\nmost frequent top-1 class (no cache): {labels[top]}")
+
+    os.makedirs(args.out, exist_ok=True)
+    figures: dict[str, Any] = {}
+    runner = ev.runners[args.method]
+    if "matcher" in runner.config:
+        masks = harness.input_masks(runner.config, frames, ev.infos[args.method]["refreshed"])
+        picks = [int(i) for i in np.linspace(1, len(frames) - 1, 6).round()]
+        figures["reuse_masks"] = plots.mask_strip(frames, masks, picks)
+    figures["timeline"] = plots.timeline(ev.latencies_ms, ev.infos)
+    common.write_json(os.path.join(args.out, "metrics.json"), ev.records)
+    html_path = os.path.join(args.out, "report.html")
+    report.write_report(
+        html_path, ev.records, figures=figures,
+        title=f"dcjax demo: {args.model} on {args.video}",
+        intro=f"{weights} {args.model}, {len(frames)} frames; reuse masks: green = reused "
+              "input pixels, red = recomputed.",
+    )  # fmt: skip
+    print(f"\nwrote {html_path} and {os.path.join(args.out, 'metrics.json')}")
+    return 0
+
+
+def run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    common.check_model(sub, "--model", args.model)
+    common.check_method(sub, "--method", args.method)
+    path = common.check_video(sub, "VIDEO", args.video, args.start)
+    common.check_output(sub, "--json", args.json)
+    common.check_output(sub, "--out", args.out, "video")
+    from dcjax import video
+    from dcjax.eval import harness
+
+    fps = video.info(path).fps or 10.0
+    spec, _ = load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=fps)
+    frames = common.load_clip(path, spec.frame_shape, frames=args.frames, start=args.start)
+    print(f"{args.model} on {args.video}: {len(frames)} frames from frame {args.start} at "
+          f"{spec.frame_shape[0]}x{spec.frame_shape[1]}, nocache and {args.method}",
+          flush=True)  # fmt: skip
+    with common.method_errors(sub, "--method"):
+        ev = harness.evaluate(spec, frames, ["nocache", args.method], video_label=args.video,
+                              progress=not args.no_progress)  # fmt: skip
+    print(common.table(_short_rows(ev.records)))
+    if args.json:
+        common.write_json(args.json, ev.records)
+        print(f"wrote {args.json}")
+    if args.out:
+        runner = ev.runners[args.method]
+        masks = (
+            harness.input_masks(runner.config, frames, ev.infos[args.method]["refreshed"])
+            if "matcher" in runner.config
+            else None
+        )
+        video.write(args.out, _annotate(frames, masks), fps=fps)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def profile_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    common.check_model(sub, "--model", args.model)
+    for m in args.methods:
+        common.check_method(sub, "--methods", m)
+    if args.frames <= PROFILE_WARMUP:
+        sub.error(f"argument --frames: needs more than {PROFILE_WARMUP} (those are untimed)")
+    path = common.check_video(sub, "VIDEO", args.video, args.start, need=PROFILE_WARMUP + 1)
+    common.check_output(sub, "--json", args.json)
+    from dcjax.eval import profile, registry
+
+    spec, _ = load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=10.0)
+    frames = common.load_clip(path, spec.frame_shape, frames=args.frames, start=args.start)
+    results = []
+    todo = common.progress(args.methods, desc=f"profiling {args.model}", unit="method",
+                           quiet=args.no_progress)  # fmt: skip
+    for spec_text in todo:
+        with common.method_errors(sub, "--methods"):
+            runner = registry.make_runner(spec, *registry.parse_method(spec_text))
+        runner = runner.timed() if runner.timed is not None else runner  # what bench times
+        try:
+            results.append((spec_text, profile.profile(runner, frames, warmup=PROFILE_WARMUP)))
+        except ValueError as e:
+            sub.error(f"argument --methods: {e}")
+    print(_profile_table(results))
+    if args.json:
+        out = [{"model": args.model, "video": args.video, "method": m, **p.as_dict()}
+               for m, p in results]  # fmt: skip
+        common.write_json(args.json, out)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _profile_table(results) -> str:
+    """One row per group, one column of ms a frame per method, then the totals."""
+    from dcjax.eval import profile
+
+    rows = profile.table_rows([(m, p.as_dict()) for m, p in results])
+    return f"{common.table(rows)}\n{profile.TABLE_NOTE}"
+
+
+def _annotate(frames, masks):
+    """Frames (cropped to even sizes) with reused pixels tinted green, recomputed red."""
+    import numpy as np
+
+    h, w = frames.shape[1] // 2 * 2, frames.shape[2] // 2 * 2
+    out = frames[:, :h, :w].astype(np.float32)
+    if masks is not None:
+        m = masks[:, :h, :w, None]
+        tint = np.where(m, np.float32([0, 200, 0]), np.float32([230, 0, 0]))
+        out = 0.7 * out + 0.3 * tint
+    return out.clip(0, 255).astype(np.uint8)

@@ -1,0 +1,101 @@
+"""``dcjax models``, and tiny ``run``/``profile``/``demo`` runs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+
+from dcjax import cli, models, video
+from dcjax.cli import subcommands
+from dcjax.eval import metrics
+from tests.cli import TINY
+
+
+def test_a_truncated_video_runs_on_the_frames_before_the_break(bad_videos, tmp_path, capsys):
+    js = tmp_path / "run.json"
+    argv = ["run", str(bad_videos / "cut.mp4"), "--model", "dave", "--width", "0.25",
+            "--frames", "50", "--no-progress", "--json", str(js)]  # fmt: skip
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "dcjax: warning:" in err and "stopped at frame 9" in err and "those 9 frames" in err
+    assert [r["frames"] for r in json.loads(js.read_text())] == [9] * 4  # with plain
+    assert "9 frames from frame 0" in out
+    argv = ["bench", "--models", "dave", "--width", "0.25", "--methods", "nocache", "--frames",
+            "50", "--no-progress", "--videos", str(bad_videos / "cut.mp4"), "--json",
+            str(tmp_path / "b.json"), "--report", str(tmp_path / "b.html")]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().err.count("dcjax: warning:") == 1
+    assert json.loads((tmp_path / "b.json").read_text())[0]["frames"] == 9
+
+
+def test_models_lists_the_zoo(capsys):
+    assert cli.main(["models"]) == 0
+    out = capsys.readouterr().out
+    for name in models.names():
+        assert name in out
+    assert "227x227x3" in out and "66x200x3" in out
+    assert "conv GFLOPs" in out
+
+
+def test_run_writes_json_and_annotated_video(tmp_path, capsys):
+    js, mp4 = tmp_path / "run.json", tmp_path / "new" / "annotated.mp4"  # directory created
+    argv = ["run", "vtest", *TINY, "--json", str(js), "--out", str(mp4)]
+    assert cli.main(argv) == 0
+    records = json.loads(js.read_text())
+    assert [r["method"] for r in records] == ["nocache", "deepcache", "plain", "plain"]
+    for r in records:
+        metrics.check_record(r)
+        assert r["model"] == "dave" and r["video"] == "vtest" and r["frames"] == 3
+    assert video.info(mp4).frames == 3
+    out = capsys.readouterr().out
+    assert "vs plain" in out and "vs dense" in out and "p99 ms" in out
+
+
+def test_profile_prints_where_the_time_goes_and_writes_json(tmp_path, capsys):
+    js = tmp_path / "profile.json"
+    argv = ["profile", "vtest", "--model", "dave", "--width", "0.25", "--frames", "7",
+            "--no-progress", "--json", str(js)]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "wall time (median)" in out and "dcjax.match" in out
+    records = json.loads(js.read_text())
+    assert [r["method"] for r in records] == ["nocache", "deepcache"]
+    for r in records:
+        assert r["model"] == "dave" and r["frames"] == 2 and r["wall_ms"] > 0
+        assert any(g.startswith("Dave/conv") for g in r["groups"]) and r["total_ms"] > 0
+
+
+def test_demo_writes_report(tmp_path, capsys):
+    out_dir = tmp_path / "demo"
+    assert cli.main(["demo", *TINY, "--out", str(out_dir)]) == 0
+    text = capsys.readouterr().out
+    assert "ideal" in text and "reuse per layer" in text and "Dave" in text
+    # PilotNet: five convolutions, then its four fully connected layers
+    assert "5 convolutions, then 4 fully connected;" in text and "Dave/fc0" in text
+    # how each layer was computed: on CPU every layer of the tiny PilotNet is too
+    # small for a sparse kernel (`dcjax.kernels.auto`), so all run in full
+    if jax.default_backend() == "cpu":
+        rows = [line for line in text.splitlines() if line.startswith("Dave/")]
+        assert len(rows) == 9 and all(" in full " in row for row in rows), rows
+        # ... and the demo says why it gains nothing on moving frames
+        assert "No layer of dave is computed sparsely here" in text
+        assert 'kernel="auto"' in text and "(cpu; dcjax/kernels/auto.py)" in text
+    html = (out_dir / "report.html").read_text()
+    for png in ("reuse_masks.png", "timeline.png", "latency_by_method.png", "per_layer.png"):
+        assert os.path.exists(out_dir / png), png
+        assert f"href='{png}'" in html
+    records = json.loads((out_dir / "metrics.json").read_text())
+    assert [r["method"] for r in records] == ["nocache", "deepcache", "plain", "plain"]
+
+
+def test_nothing_sparse_note_only_when_every_layer_ran_in_full():
+    rec = {"model": "m", "config": {"kernel": "dense"},
+           "per_layer": [{"sparse": False}, {"sparse": False}]}  # fmt: skip
+    assert 'kernel="dense" computes every layer in full' in subcommands.nothing_sparse_note(rec)
+    rec["per_layer"][1]["sparse"] = True
+    assert subcommands.nothing_sparse_note(rec) == ""
+    # the baseline's layers say nothing about how they ran
+    assert subcommands.nothing_sparse_note({"model": "m", "per_layer": [{"name": "a"}]}) == ""
+    assert subcommands.nothing_sparse_note({"model": "m", "per_layer": []}) == ""
