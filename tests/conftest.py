@@ -15,7 +15,7 @@ The tests run small shapes, where compiling dominates running:
   at the end): many tests compile the same programs (a model's no-cache step,
   a method the CLI tests run again), and a program compiled once is loaded
   from the cache afterwards. On the 2-core development machine it took
-  ``tests/eval`` and ``tests/test_cli.py`` from 136 to 84 s. The cache's key
+  ``tests/eval`` and the command-line tests (now ``tests/cli``) from 136 to 84 s. The cache's key
   covers the program, the XLA flags and the jax version, so a test that
   changes any of them compiles afresh. Setting ``JAX_COMPILATION_CACHE_DIR``
   oneself keeps one's own directory (and it is not removed).

@@ -190,7 +190,7 @@ def plan(analysis: Analysis, names: Sequence[str] | None = None) -> ExitPlan:
     """Find the exit points of ``analysis.jaxpr`` and cut it into segments.
 
     Args:
-        analysis: the analysed traced model (`signatures.analyze`).
+        analysis: the analysed traced model (`dcjax.transforms.analysis.analyze`).
         names: the exit points to use, in any order; ``None``: every mark that
             depends on the frame and is followed by more convolutions.
 

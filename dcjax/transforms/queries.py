@@ -1,4 +1,4 @@
-"""Per-layer questions asked of an analysed jaxpr (`signatures.analyze`).
+"""Per-layer questions asked of an analysed jaxpr (`dcjax.transforms.analysis.analyze`).
 
 Each query returns one answer per reused layer (`Analysis.layers`), in layer
 order, from the layer's equation and the data flow around it:

@@ -15,9 +15,8 @@ and the layer's output mask is the usual AND-pool of ``R_in'``. A map whose
 ``R_in`` is already all reusable (a still scene: every block matched, no
 motion) is not tested (on CPU, in a loop of zero trips): ``R_in'`` is all
 reusable whatever the test says, and the reference keeps the values the caches
-were computed from. On the still opening of the bundled handheld clip this took
-ResNet-50's refined step from 6.2 to 3.3 ms a frame (plain DeepCache 3.5 and
-3.0 ms in the same two runs; medians of 40 frames). The threshold is
+were computed from (see docs/performance-notes.md, "Refinement: no change test
+on a map that is already all reusable"). The threshold is
 ``delta_l = delta * scale_l`` where ``scale_l`` is the mean per-pixel magnitude
 of the layer's input (the same metric applied to ``x`` against zero) on the
 first frame: one user-facing knob instead of a per-layer search.
@@ -53,30 +52,20 @@ work it can save: the test is a pass over the input and its reference (a
 subtraction, an absolute value, a max over channels, the reference's update),
 at memory speed, while the convolution spends ``kh * kw * (C_out / groups) /
 (sy * sx)`` multiply-adds per input element at matrix-product speed; a layer is
-refined when that is at least `AUTO_MIN_MACS_PER_INPUT` (160). Depthwise
-convolutions are not, nor are EfficientNet-Lite0's 1x1 expansions and
-projections (16 to 144) and ResNet-50's first 1x1 convolutions of the first two
-stages (64, 128); 3x3 convolutions of 32 channels and more and wide 1x1 ones
-are. Measured over vtest (40 and 30 frames, interleaved, threshold 16 / 200 /
-no cache): EfficientNet-Lite0 10.11 / 9.47 ms against 9.46 for plain DeepCache
-and 8.88 without cache, ideal speedup 1.44 / 1.42 (every refined 1x1 layer
-there cost more than the 1-3 % of pixels its test added, e.g. the 112x112
-projection 0.25 -> 0.45 ms); ResNet-50 48.3 / 46.7 ms (ideal 3.05 / 3.02);
-AlexNet and YOLO-tiny refine the same layers under both. Nor does ``"auto"``
+refined when that is at least `AUTO_MIN_MACS_PER_INPUT` (160): depthwise
+convolutions are not, 3x3 convolutions of 32 channels and more and wide 1x1
+ones are (see docs/performance-notes.md, "Refinement `layers="auto"`:
+convolutions from 160 multiply-adds per input element"). Nor does ``"auto"``
 refine a convolution that reads the frame itself (through elementwise
 preprocessing or pooling, with no reused layer in between: the stem) when a
 block matcher runs: the matcher's PSNR test already decides reuse on that
-input, and a pixel test behind it added error without adding reuse. Measured
-over vtest (30-40 frames, interleaved, with the stem refined / not): ideal
-speedups 3.06x / 3.05x on ResNet-50, 2.20x / 2.19x on AlexNet, 1.44x / 1.44x on
-EfficientNet-Lite0, 3.04x / 3.03x on YOLO-tiny; relative output MSE 3.0e-5 /
-2.9e-5, 4.1e-4 / 3.2e-4, 1.06e-2 / 4.9e-3 and 3.8e-4 / 2.5e-4; times within
-noise or better (AlexNet 13.3 / 12.9 ms, ResNet-50 31.8 / 32.4,
-EfficientNet-Lite0 10.25 / 10.14, YOLO-tiny 25.9 / 24.8). With
-``matcher="none"`` (the ``delta`` baseline) the stem's test is the only reuse
-at the input, and it is refined whatever its cost.
+input, and a pixel test behind it adds error without adding reuse (see
+docs/performance-notes.md, "Refinement `layers="auto"`: layers that read the
+frame are left to the block matcher"). With ``matcher="none"`` (the
+``delta`` baseline) the stem's test is the only reuse at the input, and it is
+refined whatever its cost.
 
-Fully connected layers (`signatures.DenseLayer`: ``y = x @ W`` on a
+Fully connected layers (`dcjax.transforms.records.DenseLayer`: ``y = x @ W`` on a
 flattened or pooled map, ``W`` of shape ``(K, N)``) get the same test per
 input element, against a reference ``x_ref`` whose product ``y_ref = x_ref @
 W`` the state keeps (DeltaCNN's update for linear layers)::
@@ -98,16 +87,14 @@ element left out is within ``delta_l`` of its reference, for each output ``j``::
     |y[j] - (x_t @ W)[j]| < delta_l * sum_i |W[i, j]|          (`dense_error_bound`)
 
 whatever the stream's length (up to the float32 rounding of the updates
-added since the last full product, a relative ~1e-7 each). On AlexNet's
-``fc6`` (151 MB of weights, 6.2 ms dense here) 25-40 % of the inputs change on
-the fixed-camera clip at the default ``delta``, so the layer reads 25-40 % of
-its rows (`dcjax.kernels.matvec`). Under ``layers="auto"`` a fully connected
-layer is refined when it has at least `AUTO_MIN_DENSE_WEIGHTS` (4 Mi) weights
-and `AUTO_MIN_DENSE_OUTPUTS` (16) outputs: smaller ones cost well under a
-millisecond, and the classifier heads behind a global average pool see every
-input move a little, so the test would add error for little time (ResNet-50's
-2048 x 1000 head: 89 % of the rows skipped, the relative output error on the
-fixed-camera clip 3e-5 -> 1.3e-4, for at most the 0.4 ms of its product).
+added since the last full product, a relative ~1e-7 each). The update reads
+only the rows of ``W`` of the changed inputs (`dcjax.kernels.matvec`). Under
+``layers="auto"`` a fully connected layer is refined when it has at least
+`AUTO_MIN_DENSE_WEIGHTS` (4 Mi) weights and `AUTO_MIN_DENSE_OUTPUTS` (16)
+outputs: smaller ones cost little, and the classifier heads behind a global
+average pool see every input move a little, so the test would add error for
+little time (see docs/performance-notes.md, "Refinement of fully connected
+layers: large layers only").
 
 Convolutions that read the same variable (ResNet's ``conv1`` and
 ``downsample``, an inception module's branches) have equal tests: the same
@@ -125,16 +112,13 @@ pixel-granular kernels (`dcjax.kernels.rows`) for them on CPU.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from dcjax.transforms.records import DenseLayer, Layer
 from dcjax.transforms.spatial import Spatial
-
-if TYPE_CHECKING:
-    from dcjax.config import RefineConfig
 
 __all__ = [
     "AUTO_MIN_DENSE_OUTPUTS",
@@ -165,19 +149,20 @@ AUTO_MIN_DENSE_WEIGHTS = 1 << 22
 AUTO_MIN_DENSE_OUTPUTS = 16
 
 #: A fully connected layer with more of its inputs changed than this computes
-#: its product in full (`dcjax.kernels.matvec`: on AlexNet's fc6 the delta
-#: product at 60 % of the rows took 3.5-4.4 ms, the dense one 5.1-6.6 ms).
+#: its product in full (`dcjax.kernels.matvec`; see docs/performance-notes.md,
+#: "Fully connected layers: the full product above 75 % changed inputs").
 DENSE_FRACTION = 0.75
 
 
 def refined_layers(
     layers: Sequence[Layer],
-    config: RefineConfig,
+    config: Any,
     dense_layers: Sequence[DenseLayer] = (),
     reads_frame: Sequence[bool] = (),
     matcher: bool = True,
 ) -> tuple[bool, ...]:
-    """Which convolutions get the change test under ``config.layers``.
+    """Which convolutions get the change test under ``config.layers`` (``config``: a
+    `dcjax.RefineConfig`; this module reads its ``layers`` alone).
 
     ``dense_layers`` are the model's fully connected layers: names in
     ``config.layers`` may name them too (`refined_dense`). ``reads_frame``
@@ -208,7 +193,7 @@ def refined_layers(
     return tuple(layer.name in names for layer in layers)
 
 
-def refined_dense(dense_layers: Sequence[DenseLayer], config: RefineConfig) -> tuple[bool, ...]:
+def refined_dense(dense_layers: Sequence[DenseLayer], config: Any) -> tuple[bool, ...]:
     """Which fully connected layers are updated by their changed inputs' rows.
 
     Under ``"auto"`` those with at least `AUTO_MIN_DENSE_WEIGHTS` weights and
