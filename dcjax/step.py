@@ -47,7 +47,7 @@ from dcjax.transforms.records import Analysis
 from dcjax.transforms.refiners import DenseUpdater, InputRefiner
 from dcjax.transforms.trace import TracedModel
 
-__all__ = ["LayerResult", "Pass", "Step", "mean_of_masks"]
+__all__ = ["LayerResult", "Pass", "Step", "frame_input", "mean_of_masks"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -242,14 +242,8 @@ class Step:
         self.traces = 0
 
     def prepare(self, frame: jax.Array) -> jax.Array:
-        """The model input of one ``(H, W, C)`` frame (see `dcjax.deepcache`)."""
-        if self._preprocess is not None:
-            x = self._preprocess(frame)
-        elif frame.dtype == jnp.uint8:
-            x = frame.astype(jnp.float32) / 255.0
-        else:
-            x = frame
-        x = jnp.asarray(x).astype(self.traced.input_dtype)
+        """The model input of one ``(H, W, C)`` frame (`frame_input`)."""
+        x = frame_input(frame, self._preprocess, self.traced.input_dtype)
         if x.shape != self.frame_shape:
             raise ValueError(
                 f"dcjax: preprocess returned shape {x.shape}; it must keep the frame's shape "
@@ -460,6 +454,21 @@ class Step:
 
         state, (outs, infos) = lax.scan(body, state, (frames, matches))
         return outs, state, infos
+
+
+def frame_input(
+    frame: jax.Array, preprocess: Callable[[jax.Array], jax.Array] | None, dtype: Any
+) -> jax.Array:
+    """A raw ``(H, W, C)`` frame as the model's input (no batch axis), in ``dtype``:
+    ``preprocess(frame)`` when given, else uint8 frames divided by 255 and float
+    frames as they are."""
+    if preprocess is not None:
+        x = preprocess(frame)
+    elif frame.dtype == jnp.uint8:
+        x = frame.astype(jnp.float32) / 255.0
+    else:
+        x = frame
+    return jnp.asarray(x).astype(dtype)
 
 
 def mean_of_masks(masks: Sequence[Any]) -> jax.Array:

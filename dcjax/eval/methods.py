@@ -157,16 +157,6 @@ class _DensePolicy(Policy):
         return dense_conv(eqn, invals), None
 
 
-def _baseline_info(spec: ModelSpec) -> dict[str, jax.Array]:
-    """The ``info`` of a method that computes every frame in full."""
-    return {
-        "flops_ratio": jnp.float32(1.0),
-        "match_ratio": jnp.float32(jnp.nan),
-        "refreshed": jnp.bool_(True),
-        "reuse_fraction": jnp.zeros((len(spec.layers),), jnp.float32),
-    }
-
-
 def _nocache_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return checked_options(
         "nocache", options, {"impl": "fast"}, {"impl": one_of(("fast", "const"))}
@@ -185,30 +175,8 @@ def _nocache(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
     weights as arguments, as the cached step takes them; ``impl="const"``: the
     same with the weights baked into the executable as constants."""
     impl = _nocache_options(options)["impl"]
-    info = _baseline_info(spec)
     apply, leaves = fast_apply(spec)
-    if impl == "const":
-
-        @jax.jit
-        def _baked(state, frame):
-            return apply(leaves, frame), state, dict(info)
-
-        step = _baked
-    else:
-
-        @jax.jit
-        def _step(leaves, state, frame):
-            return apply(leaves, frame), state, dict(info)
-
-        step = functools.partial(_step, leaves)
-    return Runner(
-        method="nocache",
-        init=lambda: (),
-        step=step,
-        layers=spec.layers,
-        config={"impl": impl},
-        total_flops=int(spec.analysis.total_flops),
-    )
+    return _baseline("nocache", spec, apply, leaves, const=impl == "const", config={"impl": impl})
 
 
 def _plain_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -227,27 +195,44 @@ def _plain(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
     that XLA sees them as constants (and may fold batch norms into the
     convolutions)."""
     form = _plain_options(options)["form"]
-    info = _baseline_info(spec)
-    if form == "const":
+    return _baseline(
+        "plain", spec, lambda variables, frame: spec.apply(frame, variables), spec.variables,
+        const=form == "const", config={"form": form},
+    )  # fmt: skip
 
-        @jax.jit
-        def _closed(state, frame):
-            return spec.apply(frame), state, dict(info)
 
-        step = _closed
+def _baseline(
+    method: str,
+    spec: ModelSpec,
+    apply: Callable[[Any, jax.Array], Any],
+    variables: Any,
+    *,
+    const: bool,
+    config: dict[str, Any],
+) -> Runner:
+    """A method that computes every frame in full, ``apply(variables, frame)``
+    jitted with ``variables`` passed as arguments, or closed over (``const``:
+    constants of the executable)."""
+    info = {
+        "flops_ratio": jnp.float32(1.0),
+        "match_ratio": jnp.float32(jnp.nan),
+        "refreshed": jnp.bool_(True),
+        "reuse_fraction": jnp.zeros((len(spec.layers),), jnp.float32),
+    }
+
+    def _step(variables, state, frame):
+        return apply(variables, frame), state, dict(info)
+
+    if const:
+        step = jax.jit(functools.partial(_step, variables))
     else:
-
-        @jax.jit
-        def _step(variables, state, frame):
-            return spec.apply(frame, variables), state, dict(info)
-
-        step = functools.partial(_step, spec.variables)
+        step = functools.partial(jax.jit(_step), variables)
     return Runner(
-        method="plain",
+        method=method,
         init=lambda: (),
         step=step,
         layers=spec.layers,
-        config={"form": form},
+        config=config,
         total_flops=int(spec.analysis.total_flops),
     )
 

@@ -60,6 +60,7 @@ import jax.numpy as jnp
 
 from dcjax import deepcache
 from dcjax.config import Config
+from dcjax.step import frame_input
 from dcjax.transforms.trace import as_function
 
 __all__ = [
@@ -140,14 +141,8 @@ class ModelSpec:
         return tuple(dataclasses.replace(lay, sparse=None) for lay in cached_layers(self.analysis))
 
     def model_input(self, frame: jax.Array) -> jax.Array:
-        """``frame`` as the model's (1, H, W, 3) float input."""
-        if self.preprocess is not None:
-            x = self.preprocess(frame)
-        elif frame.dtype == jnp.uint8:
-            x = frame.astype(jnp.float32) / 255.0
-        else:
-            x = frame
-        return jnp.asarray(x, jnp.float32)[None]
+        """``frame`` as the model's (1, H, W, 3) float input (`dcjax.step.frame_input`)."""
+        return frame_input(frame, self.preprocess, jnp.float32)[None]
 
     def apply(self, frame: jax.Array, variables: Any = None) -> Any:
         """The plain model on one frame (not jitted here), with ``variables`` if given."""
