@@ -47,7 +47,8 @@ __all__ = [
 #: The DeepCache paper's five models (REC_1, REC_2, REC_3, DET, DRV).
 PAPER_MODELS = ("alexnet", "googlenet", "resnet50", "yolo_tiny", "dave")
 DEFAULT_METHODS = ("nocache", "deepcache", "deepmon", "mil", "frame")
-DEFAULT_MATCHERS = ("static", "diamond", "three_step", "exhaustive", "histogram")
+#: The matchers `compare_matchers` times by default: every one that matches (not "none").
+DEFAULT_MATCHERS = tuple(m for m in matching.MATCHERS if m != "none")
 #: Frames `run_bench(profile=True)` runs untimed before it profiles a method.
 PROFILE_WARMUP = 3
 

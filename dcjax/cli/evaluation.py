@@ -35,13 +35,11 @@ def bench_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int
     common.check_output(sub, "--report", args.report)
     matchers = args.matchers
     if matchers is not None:
-        from dcjax.config import MATCHERS
-
         matchers = matchers or list(evaluation.DEFAULT_MATCHERS)
         for m in matchers:
-            if m not in MATCHERS:
+            if m not in evaluation.DEFAULT_MATCHERS:
                 sub.error(f"argument --matchers: unknown matcher {m!r}; choose from "
-                          f"{', '.join(MATCHERS)}")  # fmt: skip
+                          f"{', '.join(evaluation.DEFAULT_MATCHERS)}")  # fmt: skip
     pretrained = {"auto": "auto", "yes": True, "no": False}[args.pretrained]
     records: list[dict[str, Any]] = []
     host = common.machine()  # after --cpus pinned the process
