@@ -5,7 +5,7 @@ and 1x1, YOLO-tiny's stem, MobileNetV2 depthwise and pointwise,
 EfficientNet-Lite0's stem and first pointwise layers) and dirty fractions 0 to 100 %, with
 blocky masks like a block matcher produces (one contiguous blob of 10x10-pixel
 matcher blocks, seen at the layer's resolution), it times the dense
-convolution the way the dense paths compute it (`dcjax.kernels.xla.dense_conv`:
+convolution the way the dense paths compute it (`dcjax.kernels.lowering.dense_conv`:
 XLA's convolution, or a matrix product or a sum of taps where that is faster
 on CPU) and each
 implementation (medians of interleaved
@@ -42,9 +42,9 @@ from dcjax.kernels import pallas_gpu
 from dcjax.kernels import rows as _rows
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.geometry import ConvGeometry
+from dcjax.kernels.lowering import dense_conv
 from dcjax.kernels.masked import masked_conv
 from dcjax.kernels.reference import conv
-from dcjax.kernels.xla import dense_conv
 
 __all__ = ["FRACTIONS", "LAYERS", "blocky_mask", "main", "run"]
 

@@ -20,7 +20,7 @@ commands are in docs/performance-notes.md, under the headings named):
   `rows.TAP_ROWS_MIN_CIN` input channels) or with scattered masks: ``"rows"``
   ("Spatial layers with 16 or more input channels go to the row kernel on
   CPU", "Scattered masks send spatial layers to the row kernel"), except where
-  `dcjax.kernels.xla.taps_pays` ("Scattered masks: layers computed as a sum of
+  `dcjax.kernels.lowering.taps_pays` ("Scattered masks: layers computed as a sum of
   taps stay on the tile kernel").
 - CPU, a grouped layer the row kernel computes (`rows.computes_groups`):
   ``"rows"`` ("Grouped layers go to the tile kernel on CPU, a few wide groups
@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import math
 
+from dcjax.kernels import lowering as _lowering
 from dcjax.kernels import rows as _rows
-from dcjax.kernels import xla as _xla
 from dcjax.kernels.tiles import TilePlan
 
 __all__ = [
@@ -114,7 +114,7 @@ def choose(
         backend == "cpu"
         and layer_class(p) == "spatial"
         and (scattered or rows_pays(p))
-        and not _xla.taps_pays(p)
+        and not _lowering.taps_pays(p)
     ):
         return "rows", None
     if backend == "cpu" and layer_class(p) == "grouped" and _rows.computes_groups(p.cin, p.groups):

@@ -29,13 +29,14 @@ import jax
 import jax.numpy as jnp
 
 from dcjax.kernels import auto as _auto
+from dcjax.kernels import lowering as _lowering
 from dcjax.kernels import rows as _rows
 from dcjax.kernels import tiles as _tiles
-from dcjax.kernels import xla as _xla
 from dcjax.kernels.geometry import ConvGeometry, Epilogue, nhwc_conv, plain_conv, precision_name
+from dcjax.kernels.lowering import dense_conv
 from dcjax.kernels.reference import conv, reference_masked_conv
 from dcjax.kernels.rows import rows_masked_conv
-from dcjax.kernels.xla import dense_conv, xla_masked_conv
+from dcjax.kernels.xla import xla_masked_conv
 
 __all__ = [
     "IMPLS",
@@ -159,9 +160,9 @@ def dense_conv_eqn(eqn, invals) -> jax.Array:
     On CPU, XLA's grouped (and depthwise) convolutions are slow, and so are
     ungrouped ones whose weights are large against the map or that map 3
     channels to few outputs; NHWC/HWIO grouped convolutions and those
-    `dcjax.kernels.xla.dot_pays`, `dcjax.kernels.xla.rgb_pays` or
-    `dcjax.kernels.xla.taps_pays` picks go through
-    `dcjax.kernels.xla.dense_conv` (the sparse kernels' own dense path),
+    `dcjax.kernels.lowering.dot_pays`, `dcjax.kernels.lowering.rgb_pays` or
+    `dcjax.kernels.lowering.taps_pays` picks go through
+    `dcjax.kernels.lowering.dense_conv` (the sparse kernels' own dense path),
     everything else is bound as it is. The no-cache baseline and the semantic
     exits use this so they compute convolutions the way the cached step does.
     """
@@ -169,7 +170,12 @@ def dense_conv_eqn(eqn, invals) -> jax.Array:
     x, w = invals
     if nhwc_conv(p) and jax.default_backend() == "cpu":
         tp = _tiles.plan(x.shape, w.shape, ConvGeometry.from_params(p))
-        if tp.groups > 1 or _xla.dot_pays(tp) or _xla.rgb_pays(tp) or _xla.taps_pays(tp):
+        if (
+            tp.groups > 1
+            or _lowering.dot_pays(tp)
+            or _lowering.rgb_pays(tp)
+            or _lowering.taps_pays(tp)
+        ):
             return dense_conv(x, w, tp)
     return eqn.primitive.bind(x, w, **p)
 

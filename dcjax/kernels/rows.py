@@ -55,9 +55,9 @@ from dcjax._compact import compact
 from dcjax._loops import halving_schedule, halving_sizes
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.geometry import ConvGeometry, Epilogue
+from dcjax.kernels.lowering import dense_conv
 from dcjax.kernels.xla import (
     apply_epilogue,
-    dense_conv,
     epilogue_parts,
     pooled_over_streams,
     sparse_or_dense,

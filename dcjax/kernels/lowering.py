@@ -1,0 +1,256 @@
+"""How XLA computes a convolution over a batch of tiles, per layer shape.
+
+Contract: `valid_conv` and `dense_conv` equal `lax.conv_general_dilated`
+(VALID on pre-padded windows, and with the layer's padding, respectively) up
+to fp rounding. On CPU they rewrite the shapes XLA:CPU's convolution runs
+slowly (grouped and depthwise convolutions, 1x1 and small-map ones, RGB inputs
+with few or 17-32 outputs) as a sum over taps, one convolution per group, a
+matrix product of patches or a convolution with a zero fourth channel; the
+``*_pays`` predicates say which, each a measured decision in
+docs/performance-notes.md. The masked kernels (`dcjax.kernels.xla`,
+`dcjax.kernels.rows`, `dcjax.kernels.chain`) and their dense paths share them;
+`dcjax.transforms.lowering` does the same for the primitives that are not
+convolutions.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from dcjax.kernels import tiles as _tiles
+from dcjax.kernels.reference import DIMENSION_NUMBERS
+
+__all__ = [
+    "TAPS_MAX_COUT",
+    "TAPS_MAX_TERMS",
+    "conv_as_dot",
+    "dense_conv",
+    "dot_pays",
+    "group_weights",
+    "rgb_pays",
+    "taps_pays",
+    "valid_conv",
+]
+
+
+def group_weights(w: jax.Array, p: _tiles.TilePlan, fast: bool) -> jax.Array | tuple:
+    """``w``, or its per-group slices where `valid_conv` convolves group by group.
+
+    The tile kernel calls it in `sparse_or_dense`'s ``prepare``, once a frame
+    and only when the sparse path runs: sliced inside the sparse loop the
+    weights were copied on every step, and sliced in a loop of their own they
+    needed a zero-filled placeholder (docs/performance-notes.md, "Grouped
+    weights are sliced once a frame, around the sparse loop (group_weights)").
+    """
+    g, cig = p.groups, w.shape[2]
+    if not (fast and g > 1 and cig > 1):
+        return w
+    cog = p.cout // g
+    return tuple(w[..., i * cog : (i + 1) * cog] for i in range(g))
+
+
+def valid_conv(x: jax.Array, w: jax.Array | tuple, p: _tiles.TilePlan, fast: bool) -> jax.Array:
+    """VALID convolution of ``x`` with the plan's strides, dilation and groups.
+
+    With ``fast`` (used on CPU, where XLA's grouped convolution is slow) grouped
+    convolutions are rewritten: depthwise ones (one input channel per group) as
+    a sum over kernel taps of strided slices times per-channel weights, other
+    grouped ones as one convolution per group, concatenated; ungrouped ones
+    that `taps_pays` picks (3x3 on RGB to few outputs) as a sum over taps and
+    input channels of a slice's channel times its row of weights. Same result as
+    `lax.conv_general_dilated` up to fp rounding. ``w`` may be `group_weights`'
+    per-group slices.
+    """
+    g = p.groups
+    if isinstance(w, tuple):
+        return _per_group(x, w, p)
+    cig = w.shape[2]
+    if fast and g > 1 and cig == 1:
+        mult = p.cout // g
+        if mult > 1:
+            x = jnp.repeat(x, mult, axis=-1)
+        out_dtype = jnp.result_type(x.dtype, w.dtype)
+        return _tap_sum(
+            x, p, lambda sl, ky, kx: sl.astype(out_dtype) * w[ky, kx, 0].astype(out_dtype)
+        )
+    if fast and g == 1 and taps_pays(p):
+        out_dtype = jnp.result_type(x.dtype, w.dtype)
+        acc = jnp.promote_types(out_dtype, jnp.float32)  # as a convolution accumulates
+
+        def term(sl, ky, kx):  # (..., 1) input channel times its (Cout,) weights
+            parts = [sl[..., c : c + 1].astype(acc) * w[ky, kx, c].astype(acc)
+                     for c in range(p.cin)]  # fmt: skip
+            return functools.reduce(operator.add, parts)
+
+        return _tap_sum(x, p, term).astype(out_dtype)
+    if fast and g > 1:
+        return _per_group(x, group_weights(w, p, fast), p)
+    if fast and rgb_pays(p):
+        x, w = _rgb_padded(x, w)
+    return lax.conv_general_dilated(
+        x,
+        w,
+        window_strides=p.strides,
+        padding="VALID",
+        rhs_dilation=p.dilation,
+        dimension_numbers=DIMENSION_NUMBERS,
+        feature_group_count=g,
+    )
+
+
+def _tap_sum(x: jax.Array, p: _tiles.TilePlan, term: Callable[..., jax.Array]) -> jax.Array:
+    """``sum over taps (ky, kx) of term(slice, ky, kx)``: a VALID convolution of
+    ``x`` written as elementwise terms, ``slice`` the tap's strided (and
+    dilated) view of ``x`` with the output's spatial shape. XLA fuses the sum
+    into one pass over the output."""
+    (sy, sx), (dy, dx) = p.strides, p.dilation
+    n, hh, ww, c = x.shape
+    oh = (hh - (p.kh - 1) * dy - 1) // sy + 1
+    ow = (ww - (p.kw - 1) * dx - 1) // sx + 1
+    acc = None
+    for ky in range(p.kh):
+        for kx in range(p.kw):
+            sl = lax.slice(
+                x,
+                (0, ky * dy, kx * dx, 0),
+                (n, ky * dy + (oh - 1) * sy + 1, kx * dx + (ow - 1) * sx + 1, c),
+                (1, sy, sx, 1),
+            )
+            t = term(sl, ky, kx)
+            acc = t if acc is None else acc + t
+    return acc
+
+
+def _per_group(x: jax.Array, ws: tuple, p: _tiles.TilePlan) -> jax.Array:
+    """One VALID convolution per group (weights ``ws``), concatenated."""
+    cig = ws[0].shape[2]
+    parts = [
+        lax.conv_general_dilated(
+            x[..., i * cig : (i + 1) * cig],
+            wi,
+            window_strides=p.strides,
+            padding="VALID",
+            rhs_dilation=p.dilation,
+            dimension_numbers=DIMENSION_NUMBERS,
+        )
+        for i, wi in enumerate(ws)
+    ]
+    return jnp.concatenate(parts, axis=-1)
+
+
+def dot_pays(p: _tiles.TilePlan) -> bool:
+    """Whether XLA:CPU runs ungrouped convolution ``p`` faster as `conv_as_dot`:
+    every 1x1 convolution, and those on maps of at most 64 output pixels with
+    at least 128 input channels.
+
+    XLA:CPU's convolution (YNNPACK) is slow where the weight matrix is large
+    against the map (docs/performance-notes.md, "Ungrouped 1x1 convolutions and
+    small maps as a matrix product on CPU (dot_pays)").
+    """
+    if p.groups != 1:
+        return False
+    if p.kh * p.kw == 1:
+        return True
+    return p.ho * p.wo <= 64 and p.cin >= 128
+
+
+def rgb_pays(p: _tiles.TilePlan) -> bool:
+    """Whether XLA:CPU runs ungrouped convolution ``p`` faster with a fourth,
+    zero input channel (`_rgb_padded`): 3 input channels and 17-32 outputs.
+
+    XLA:CPU's convolution (YNNPACK) takes a slow path for 3-channel inputs with
+    17 to 32 output channels (docs/performance-notes.md, "RGB inputs with 17-32
+    outputs get a zero fourth channel on CPU (rgb_pays)").
+    """
+    return p.groups == 1 and p.cin == 3 and 16 < p.cout <= 32
+
+
+#: Most multiply-adds per output value (``kh * kw * Cin``) of a convolution
+#: that `taps_pays` computes as a sum of taps (3x3 on RGB).
+TAPS_MAX_TERMS = 27
+
+#: Most output channels of a convolution that `taps_pays` computes as a sum of
+#: taps (docs/performance-notes.md, "3x3 RGB convolutions to at most 16 outputs
+#: as a sum of taps on CPU (taps_pays)").
+TAPS_MAX_COUT = 16
+
+
+def taps_pays(p: _tiles.TilePlan) -> bool:
+    """Whether XLA:CPU runs ungrouped convolution ``p`` faster as a fused sum
+    of ``kh * kw * Cin`` elementwise terms (`valid_conv`'s tap path, summed in
+    float32 at least): a kernel larger than 1x1 on at most `TAPS_MAX_TERMS`
+    input values per output (3x3 on RGB; also 5x5 on one channel or 3x3 on
+    two) with at most `TAPS_MAX_COUT` output channels.
+
+    XLA:CPU's convolution (YNNPACK) is slow on RGB inputs with few output
+    channels; larger kernels lose as a sum of taps, and 1x1 convolutions are
+    matrix products (`dot_pays`). See docs/performance-notes.md, "3x3 RGB
+    convolutions to at most 16 outputs as a sum of taps on CPU (taps_pays)".
+    """
+    return (
+        p.groups == 1
+        and p.kh * p.kw > 1
+        and p.kh * p.kw * p.cin <= TAPS_MAX_TERMS
+        and p.cout <= TAPS_MAX_COUT
+    )
+
+
+def _rgb_padded(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``x`` and ``w`` with a zero fourth input channel: the same convolution."""
+    x = jnp.pad(x, ((0, 0),) * 3 + ((0, 1),))
+    return x, jnp.pad(w, ((0, 0), (0, 0), (0, 1), (0, 0)))
+
+
+def conv_as_dot(x: jax.Array, w: jax.Array, p: _tiles.TilePlan) -> jax.Array:
+    """An ungrouped convolution as one matrix product of the input's patches.
+
+    The padded input's ``kh * kw`` strided (and dilated) slices, concatenated
+    along the channels, are the rows of an ``(N Ho Wo, kh kw Cin)`` matrix; the
+    weights reshaped to ``(kh kw Cin, Cout)`` multiply it. Same result as
+    `lax.conv_general_dilated` up to fp rounding.
+    """
+    xp = _tiles.pad_input(x, p)
+    (sy, sx), (dy, dx) = p.strides, p.dilation
+    n = xp.shape[0]
+    taps = [
+        lax.slice(
+            xp,
+            (0, ky * dy, kx * dx, 0),
+            (n, ky * dy + (p.ho - 1) * sy + 1, kx * dx + (p.wo - 1) * sx + 1, p.cin),
+            (1, sy, sx, 1),
+        )
+        for ky in range(p.kh)
+        for kx in range(p.kw)
+    ]
+    cols = taps[0] if len(taps) == 1 else jnp.concatenate(taps, axis=-1)
+    rows = cols.reshape(n * p.ho * p.wo, p.kh * p.kw * p.cin)
+    out = rows @ w.reshape(p.kh * p.kw * p.cin, p.cout)
+    return out.reshape(n, p.ho, p.wo, p.cout)
+
+
+def dense_conv(x: jax.Array, w: jax.Array, p: _tiles.TilePlan) -> jax.Array:
+    """The whole convolution; on CPU grouped ones and those `taps_pays` picks by
+    `valid_conv`'s fast path, ungrouped ones as a matrix product where
+    `dot_pays` and with a zero input channel where `rgb_pays`."""
+    out_dtype = jnp.result_type(x.dtype, w.dtype)
+    if jax.default_backend() == "cpu" and (p.groups > 1 or taps_pays(p)):
+        return valid_conv(_tiles.pad_input(x, p), w, p, True).astype(out_dtype)
+    if jax.default_backend() == "cpu" and dot_pays(p):
+        return conv_as_dot(x, w, p).astype(out_dtype)
+    if jax.default_backend() == "cpu" and rgb_pays(p):
+        x, w = _rgb_padded(x, w)
+    return lax.conv_general_dilated(
+        x,
+        w,
+        window_strides=p.strides,
+        padding=p.pads,
+        rhs_dilation=p.dilation,
+        dimension_numbers=DIMENSION_NUMBERS,
+        feature_group_count=p.groups,
+    ).astype(out_dtype)

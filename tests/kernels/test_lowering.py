@@ -1,0 +1,178 @@
+"""The per-shape lowerings of `dcjax.kernels.lowering` against XLA's convolution,
+and which layer shapes take them (dense and sparse paths alike)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+
+from dcjax.kernels import ConvGeometry, masked_conv, plan
+from tests.kernels._strategies import Case, all_eqns, cases, dense
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_conv_as_dot_equals_the_convolution(case: Case) -> None:
+    """The im2col product matches XLA's convolution for every stride, dilation and padding."""
+    from dcjax.kernels.lowering import conv_as_dot
+
+    assume(case.groups == 1)  # grouped convolutions never take this path
+    p = plan(case.x.shape, case.w.shape, case.geometry)
+    out = np.asarray(jax.jit(conv_as_dot, static_argnums=2)(case.x, case.w, p))
+    np.testing.assert_allclose(out, dense(case), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "hw, cin, cout, k, as_dot",
+    [
+        (7, 512, 2048, 1, True),  # ResNet-50's 1x1 layers: a plain matrix product
+        (56, 64, 256, 1, True),  # every 1x1 layer, narrow ones too
+        (112, 16, 96, 1, True),
+        (56, 256, 128, 1, True),
+        (7, 512, 512, 3, True),  # a 3x3 layer on a 7x7 map with many channels
+        (14, 256, 256, 3, False),  # 14x14: im2col's copies cost more than they save
+        (7, 32, 128, 5, False),  # few input channels
+        (7, 512, 512, 1, True),
+    ],
+)
+def test_dense_convolutions_go_through_a_product_where_it_pays(hw, cin, cout, k, as_dot) -> None:
+    from dcjax.kernels import dense_conv_eqn
+    from dcjax.kernels.lowering import dot_pays
+
+    p = plan((1, hw, hw, cin), (k, k, cin, cout), ConvGeometry(strides=(1, 1), padding="SAME"))
+    assert dot_pays(p) is as_dot
+    x = jax.random.normal(jax.random.key(0), (1, hw, hw, cin))
+    w = jax.random.normal(jax.random.key(1), (k, k, cin, cout)) * 0.05
+
+    def conv(x, w):
+        dn = ("NHWC", "HWIO", "NHWC")
+        return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn)
+
+    eqn = jax.make_jaxpr(conv)(x, w).jaxpr.eqns[0]
+    lowered = jax.make_jaxpr(lambda x, w: dense_conv_eqn(eqn, (x, w)))(x, w).jaxpr
+    names = {e.primitive.name for e in all_eqns(lowered)}
+    on_cpu = jax.default_backend() == "cpu"
+    assert ("dot_general" in names) is (as_dot and on_cpu)
+    assert ("conv_general_dilated" in names) is not (as_dot and on_cpu)
+    np.testing.assert_allclose(dense_conv_eqn(eqn, (x, w)), conv(x, w), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "cin, cout, padded",
+    [(3, 24, True), (3, 32, True), (3, 17, True), (3, 64, False), (3, 40, False), (4, 24, False)],
+)
+def test_rgb_layers_with_17_to_32_outputs_get_a_zero_fourth_channel(cin, cout, padded) -> None:
+    """The dense path and the tile kernel's sparse path both pad where `rgb_pays`, and
+    compute the same convolution as XLA's on the three channels."""
+    from dcjax.kernels import dense_conv_eqn
+    from dcjax.kernels.lowering import rgb_pays
+
+    geom = ConvGeometry(strides=(2, 2), padding=((1, 1), (1, 1)))
+    p = plan((1, 20, 22, cin), (3, 3, cin, cout), geom)
+    assert rgb_pays(p) is padded
+    rng = np.random.default_rng(cout)
+    x = rng.normal(size=(1, 20, 22, cin)).astype(np.float32)
+    w = rng.normal(size=(3, 3, cin, cout)).astype(np.float32)
+    mask = np.ones((1, p.ho, p.wo), bool)
+    mask[0, 2:5, 3:7] = False
+    cached = np.zeros((1, p.ho, p.wo, cout), np.float32)
+
+    def conv(x, w):
+        dn = ("NHWC", "HWIO", "NHWC")
+        return jax.lax.conv_general_dilated(x, w, (2, 2), geom.padding, dimension_numbers=dn)
+
+    want = np.asarray(conv(x, w))
+    eqn = jax.make_jaxpr(conv)(x, w).jaxpr.eqns[0]
+    channels = 4 if padded and jax.default_backend() == "cpu" else cin
+    paths = {
+        "dense": (lambda x, w: dense_conv_eqn(eqn, (x, w)), np.ones_like(mask)),
+        "sparse": (lambda x, w: masked_conv(x, w, mask, cached, geom, impl="xla"), ~mask),
+    }
+    for name, (fn, fresh) in paths.items():
+        jaxpr = jax.make_jaxpr(fn)(x, w).jaxpr
+        convs = [e for e in all_eqns(jaxpr) if e.primitive.name == "conv_general_dilated"]
+        assert convs, name
+        assert {e.invars[0].aval.shape[-1] for e in convs} == {channels}, name
+        out = np.asarray(jax.jit(fn)(x, w))
+        np.testing.assert_allclose(out[fresh], want[fresh], rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "cin, cout, k, strides, dilation, taps",
+    [
+        (3, 16, 3, 1, 1, True),  # YOLO-tiny's stem
+        (3, 8, 3, 2, 1, True),
+        (3, 16, 3, 2, 2, True),
+        (1, 4, 5, 1, 1, True),  # 25 terms
+        (3, 17, 3, 1, 1, False),  # more outputs
+        (4, 16, 3, 1, 1, False),  # 36 terms
+        (3, 16, 5, 2, 1, False),  # 75 terms (PilotNet's stem)
+        (3, 16, 1, 1, 1, False),  # 1x1: a matrix product
+    ],
+)
+def test_few_channel_layers_with_few_outputs_are_a_sum_of_taps(
+    cin, cout, k, strides, dilation, taps
+) -> None:
+    """Where `taps_pays`, the dense path and the tile kernel's sparse path compute
+    the convolution on CPU with no convolution operation (elementwise terms of
+    strided slices), and match XLA's convolution."""
+    from dcjax.kernels import dense_conv_eqn
+    from dcjax.kernels.lowering import taps_pays
+
+    geom = ConvGeometry(
+        strides=(strides, strides), padding=((1, 2), (2, 1)), dilation=(dilation,) * 2
+    )
+    p = plan((1, 19, 23, cin), (k, k, cin, cout), geom)
+    assert taps_pays(p) is taps
+    rng = np.random.default_rng(cin * 100 + cout + k)
+    x = rng.normal(size=(1, 19, 23, cin)).astype(np.float32)
+    w = rng.normal(size=(k, k, cin, cout)).astype(np.float32)
+    mask = np.ones((1, p.ho, p.wo), bool)
+    mask[0, 1:4, 2:6] = False
+    mask[0, p.ho - 2 :, :3] = False  # a tile on the padded border
+    cached = np.zeros((1, p.ho, p.wo, cout), np.float32)
+
+    def conv(x, w):
+        dn = ("NHWC", "HWIO", "NHWC")
+        return jax.lax.conv_general_dilated(
+            x, w, geom.strides, geom.padding, rhs_dilation=geom.dilation,
+            dimension_numbers=dn, precision="highest",
+        )  # fmt: skip
+
+    want = np.asarray(conv(x, w))
+    eqn = jax.make_jaxpr(conv)(x, w).jaxpr.eqns[0]
+    as_taps = taps and jax.default_backend() == "cpu"
+    paths = {
+        "dense": (lambda x, w: dense_conv_eqn(eqn, (x, w)), np.ones_like(mask)),
+        "sparse": (lambda x, w: masked_conv(x, w, mask, cached, geom, impl="xla"), ~mask),
+    }
+    for name, (fn, fresh) in paths.items():
+        names = {e.primitive.name for e in all_eqns(jax.make_jaxpr(fn)(x, w).jaxpr)}
+        if k > 1:  # (a 1x1 layer's dense path is a matrix product)
+            assert ("conv_general_dilated" in names) is not as_taps, name
+        out = np.asarray(jax.jit(fn)(x, w))
+        np.testing.assert_allclose(out[fresh], want[fresh], rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_a_sum_of_taps_accumulates_low_precision_inputs_in_float32() -> None:
+    """bfloat16 inputs: the terms are summed in float32 and the result rounded once,
+    as XLA's convolution does, so both agree to bfloat16's rounding of the output."""
+    from dcjax.kernels.lowering import dense_conv
+
+    geom = ConvGeometry(strides=(1, 1), padding=((1, 1), (1, 1)))
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.normal(size=(1, 12, 12, 3)), jnp.bfloat16)
+    w = jnp.asarray(rng.normal(size=(3, 3, 3, 16)), jnp.bfloat16)
+    p = plan(x.shape, w.shape, geom)
+    out = jax.jit(lambda x, w: dense_conv(x, w, p))(x, w)
+    assert out.dtype == jnp.bfloat16
+    exact = jax.lax.conv_general_dilated(
+        x.astype(jnp.float32), w.astype(jnp.float32), (1, 1), geom.padding,
+        dimension_numbers=("NHWC", "HWIO", "NHWC"), precision="highest",
+    )  # fmt: skip
+    err = np.abs(np.asarray(out, np.float32) - np.asarray(exact))
+    # one rounding to bfloat16 (8 bits of mantissa) of each output
+    assert (err <= np.abs(np.asarray(exact)) * 2.0**-8 + 1e-6).all()
