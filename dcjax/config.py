@@ -191,7 +191,8 @@ class Config:
             the paper does.
         color: ``"luma"`` or ``"rgb"``: which planes the matcher's PSNR uses.
         data_range: peak value for PSNR; default 255 for integer frames and
-            1.0 for float frames.
+            1.0 for float frames (float frames with values beyond 1.0 are then
+            refused, since they would never match).
         semantic: semantic-memory early exits (`SemanticConfig`); ``None`` (the
             default) disables them.
         refine: bounded-error refinement of reuse masks inside the network

@@ -50,7 +50,7 @@ from dcjax.config import Config, RefineConfig, SemanticConfig
 from dcjax.matching import Match, StreamMatcher
 from dcjax.plan import Plan, make_plan
 from dcjax.state import CacheState, init_state
-from dcjax.step import Step
+from dcjax.step import Step, frame_input
 from dcjax.transforms.analysis import analyze
 from dcjax.transforms.records import DenseLayer, Layer
 from dcjax.transforms.spatial import Spatial
@@ -104,6 +104,8 @@ class CachedModel:
             raise TypeError("dcjax: preprocess must be a callable frame -> model input")
         self.config = config
         self.frame_shape = check_frame_shape(frame_shape)
+        if preprocess is not None:
+            _check_preprocess(preprocess, self.frame_shape, input_dtype)
         if config.semantic is not None:  # mark the exit points while tracing
             from dcjax.transforms.exits import marked
 
@@ -146,6 +148,7 @@ class CachedModel:
         # The state is donated: caches are updated in place, frame after frame.
         self._step_jit = jax.jit(self._step, donate_argnums=(1,))
         self._profiled_jit = None  # `_program`'s step, made when first asked for
+        self._float_range_checked = False
         self._run_jit = jax.jit(self._step.run, donate_argnums=(1,))
         self._apply_jit = jax.jit(self._apply_impl)
 
@@ -313,7 +316,24 @@ class CachedModel:
                 f"dcjax: {what} has shape {shape[-3:]} but the model was transformed for "
                 f"{self.frame_shape}"
             )
+        if jnp.issubdtype(dtype, jnp.floating) and self.config.data_range is None:
+            self._check_float_range(frame, name)
         return frame
+
+    def _check_float_range(self, frame: Any, name: str) -> None:
+        """Float frames are read with a PSNR peak of 1.0 unless `Config.data_range`
+        says otherwise: the first concrete float frames a model sees must lie in
+        [0, 1] (one reduction, once)."""
+        if self._float_range_checked or isinstance(frame, jax.core.Tracer):
+            return
+        peak = float(jnp.max(jnp.abs(frame)))
+        if peak > 1.0 + 1e-3:
+            raise ValueError(
+                f"dcjax: {name} holds floating-point values up to {peak:g}, but float "
+                "frames are matched with a PSNR peak of 1.0; scale them to [0, 1], pass "
+                "uint8 frames, or set Config(data_range=...) to their peak value"
+            )
+        self._float_range_checked = True
 
     def _check_match(self, match: Match | None, *, batched: bool) -> Match | None:
         if match is None:
@@ -321,7 +341,14 @@ class CachedModel:
         if not isinstance(match, Match):
             raise TypeError(f"dcjax: match must be a deepcache.Match, got {type(match).__name__}")
         lead = (-1,) if batched else ()
-        motion = jnp.asarray(match.motion, jnp.int32)
+        motion = jnp.asarray(match.motion)
+        if not jnp.issubdtype(motion.dtype, jnp.integer):
+            traced = isinstance(motion, jax.core.Tracer)
+            if not traced and not bool(jnp.all(motion == jnp.round(motion))):
+                raise ValueError(
+                    f"dcjax: match.motion must be whole pixels, got {np.asarray(motion).tolist()}"
+                )
+        motion = motion.astype(jnp.int32)
         mask = jnp.asarray(match.mask)
         hw = self.frame_shape[:2]
         if motion.shape[-1:] != (2,) or motion.ndim != len(lead) + 1:
@@ -338,6 +365,35 @@ class CachedModel:
 
         outs = jaxpr_as_fun(self._traced.jaxpr)(*leaves, self._step.prepare(frame)[None])
         return jax.tree_util.tree_unflatten(self._traced.out_tree, outs)
+
+
+def _check_preprocess(preprocess: Callable, frame_shape: tuple, input_dtype: Any) -> None:
+    """Raise where ``preprocess`` does not act on each pixel alone, the same way at
+    every position (reuse masks refer to frame pixels that move with the scene)."""
+    frame = jax.ShapeDtypeStruct(frame_shape, jnp.uint8)
+    closed = jax.make_jaxpr(lambda f: frame_input(f, preprocess, input_dtype))(frame)
+    sig = Spatial(axes=(0, 1), size=frame_shape[:2], stride=(1, 1))
+    analysis = analyze(closed, [sig], [True])
+
+    def why(a) -> str | None:
+        for eqn, info in zip(a.jaxpr.jaxpr.eqns, a.eqns):
+            if info.sub is not None and (found := why(info.sub)):
+                return found
+            if any(info.anchored):
+                return f"{eqn.primitive.name} with a value that varies along H or W"
+            if not info.supported:
+                return f"{eqn.primitive.name}, which has no reuse rule"
+        return None
+
+    found = why(analysis)
+    if found is None and analysis.out_sigs[0] != sig:
+        found = "an operation that moves or mixes pixels"
+    if found is not None:
+        raise ValueError(
+            f"dcjax: preprocess must act on each pixel alone, the same way at every "
+            f"position; it uses {found}. Put position-dependent steps (a per-pixel "
+            "mean image, coordinates) inside the model, where they are handled"
+        )
 
 
 def transform(

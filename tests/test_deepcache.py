@@ -493,6 +493,35 @@ def test_bad_match(plain_cached):
         plain_cached.step(plain_cached.init(), np.zeros((SIZE, SIZE, 3)), match=(0, 0))
 
 
+def test_float_frames_beyond_one_are_a_clear_error():
+    """Float frames are matched with a PSNR peak of 1.0: frames in 0..255 would
+    never match, so the first such frame is refused unless Config.data_range says so."""
+    module, variables, _ = _model("plain")
+    frame = np.random.default_rng(0).uniform(0, 255, (SIZE, SIZE, 3)).astype(np.float32)
+    cached = deepcache.transform(module, variables, frame_shape=(SIZE, SIZE, 3))
+    with pytest.raises(ValueError, match="PSNR peak of 1.0.*data_range"):
+        cached.step(cached.init(), frame)
+    with pytest.raises(ValueError, match="frames holds floating-point values up to 2"):
+        cached.run(np.stack([frame / 255.0, frame]))
+    cached.step(cached.init(), frame / 255.0)  # in [0, 1]: accepted
+    ranged = deepcache.transform(
+        module, variables, frame_shape=(SIZE, SIZE, 3), config=deepcache.Config(data_range=255.0)
+    )
+    out, _, _ = ranged.step(ranged.init(), frame)
+    np.testing.assert_allclose(out, ranged.apply(frame), rtol=1e-5, atol=1e-5)
+
+
+def test_fractional_motion_is_a_clear_error(plain_cached):
+    frame = np.zeros((SIZE, SIZE, 3), np.float32)
+    mask = jnp.ones((SIZE, SIZE), bool)
+    with pytest.raises(ValueError, match=r"match.motion must be whole pixels, got \[1.5, 0.0\]"):
+        half = deepcache.Match(motion=jnp.array([1.5, 0.0]), mask=mask)
+        plain_cached.step(plain_cached.init(), frame, match=half)
+    whole = deepcache.Match(motion=jnp.array([2.0, -1.0]), mask=mask)
+    _, _, info = plain_cached.step(plain_cached.init(), frame, match=whole)
+    assert np.asarray(info["motion"]).tolist() == [2, -1]
+
+
 def test_untraceable_model():
     def broken(params, x):
         return x.reshape(7, -1)  # not a valid reshape of (1, 32, 32, 3)

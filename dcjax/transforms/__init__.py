@@ -13,6 +13,8 @@ What the subpackage offers, lowest first:
   convolution) and `DenseLayer` (a fully connected layer).
 - `patterns`: each layer's fusable elementwise epilogue, and fully
   connected layers.
+- `variation`: where frame-independent values (parameters, constants) vary,
+  and which outputs hold content anchored to image positions.
 - `analysis`: `analyze`, the pass that fills the records once per model.
 - `regions`: the reuse-mask rules, one per primitive (`MASK_RULES`).
 - `lowering`: faster XLA:CPU forms of a few primitives, the same results.

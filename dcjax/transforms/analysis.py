@@ -21,6 +21,7 @@ import numpy as np
 from jax.extend import core as jcore
 from jax.extend.core import primitives as P
 
+from dcjax.transforms import variation
 from dcjax.transforms.calls import sub_jaxpr
 from dcjax.transforms.patterns import find_epilogues, is_dense
 from dcjax.transforms.records import Analysis, DenseLayer, EqnInfo, Layer
@@ -86,25 +87,35 @@ def analyze(
     unsupported: set[str] = set()
     other = [0]
 
-    def walk(cj: jcore.ClosedJaxpr, sigs, dyn, consts=None) -> Analysis:
+    def walk(cj: jcore.ClosedJaxpr, sigs, dyn, consts=None, varies=None) -> Analysis:
         env_sig: dict[Any, Any] = {}
         env_dyn: dict[Any, bool] = {}
         env_const: dict[Any, Any] = {}
-        for v, s, d, c in zip(cj.jaxpr.invars, sigs, dyn, consts or [None] * len(sigs)):
+        env_var: dict[Any, Any] = {}  # frame-independent values: their varying axes
+        consts, varies = consts or [None] * len(sigs), varies or [None] * len(sigs)
+        for v, s, d, c, a in zip(cj.jaxpr.invars, sigs, dyn, consts, varies):
             env_sig[v], env_dyn[v] = s, d
             if c is not None:
                 env_const[v] = c
+            if not d:
+                env_var[v] = a if a is not None else variation.input_axes(_shape(v))
         for v, c in zip(cj.jaxpr.constvars, cj.consts):
             env_sig[v], env_dyn[v] = None, False
             env_const[v] = np.asarray(c) if np.size(c) <= _FOLD_LIMIT else None
+            env_var[v] = variation.input_axes(np.shape(c)) if env_const[v] is None else (
+                variation.constant_axes(env_const[v]))  # fmt: skip
         read_sig = lambda v: None if isinstance(v, jcore.Literal) else env_sig[v]
         read_dyn = lambda v: False if isinstance(v, jcore.Literal) else env_dyn[v]
         read_const = lambda v: v.val if isinstance(v, jcore.Literal) else env_const.get(v)
+        read_var = lambda v: (
+            variation.constant_axes(v.val) if isinstance(v, jcore.Literal) else env_var.get(v)
+        )
         infos = []
         for eqn in cj.jaxpr.eqns:
             isigs = [read_sig(v) for v in eqn.invars]
             idyn = [read_dyn(v) for v in eqn.invars]
             iconsts = [read_const(v) for v in eqn.invars]
+            ivar = [read_var(v) for v in eqn.invars]
             dynamic = any(idyn)
             info = EqnInfo(
                 in_sigs=isigs,
@@ -112,13 +123,19 @@ def analyze(
                 dynamic=dynamic,
                 in_consts=iconsts,
             )
-            if not dynamic and all(c is not None for c in iconsts):
-                for v, c in zip(eqn.outvars, _fold(eqn, iconsts)):
-                    env_const[v] = c
+            if not dynamic:
+                folded = [None] * len(eqn.outvars)
+                if all(c is not None for c in iconsts):
+                    folded = _fold(eqn, iconsts)
+                    for v, c in zip(eqn.outvars, folded):
+                        env_const[v] = c
+                ruled = variation.varying_axes(eqn, ivar)
+                for v, c, a in zip(eqn.outvars, folded, ruled):
+                    env_var[v] = a if c is None else variation.constant_axes(c)
             if dynamic:
                 sub = sub_jaxpr(eqn)
                 if sub is not None:
-                    info.sub = walk(sub, isigs, idyn, iconsts)
+                    info.sub = walk(sub, isigs, idyn, iconsts, ivar)
                     info.out_sigs = list(info.sub.out_sigs)
                 elif any(s is not None for s in isigs):
                     rule = SIGNATURE_RULES.get(eqn.primitive)
@@ -154,6 +171,8 @@ def analyze(
                 if is_dense(eqn, isigs, idyn):
                     info.dense = len(dense_layers)
                     dense_layers.append(_dense_layer(info.dense, eqn))
+            if dynamic and len(eqn.outvars) == 1:
+                info.anchored = variation.anchored(eqn, isigs, idyn, ivar, info.out_sigs[0])
             for v, s in zip(eqn.outvars, info.out_sigs):
                 env_sig[v], env_dyn[v] = s, dynamic
             infos.append(info)

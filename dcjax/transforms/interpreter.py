@@ -50,8 +50,7 @@ from dcjax.transforms import lowering, regions
 from dcjax.transforms.calls import sub_jaxpr
 from dcjax.transforms.motion import FrameContext
 from dcjax.transforms.patterns import elementwise_call
-from dcjax.transforms.records import Analysis
-from dcjax.transforms.spatial import Spatial
+from dcjax.transforms.records import Analysis, EqnInfo
 
 __all__ = ["Env", "Evaluation", "Policy", "evaluate", "propagate_masks", "run_eqns"]
 
@@ -120,8 +119,27 @@ class Evaluation:
     records: dict[tuple, tuple] = dataclasses.field(default_factory=dict)
 
 
-def _needs_valid(in_sigs: Sequence, out_sig: Spatial | None) -> bool:
-    return out_sig is not None and all(s != out_sig for s in in_sigs)
+def _position_test(
+    ctx: FrameContext, eqn: jcore.JaxprEqn, info: EqnInfo, mask: regions.Mask, out_sig
+) -> regions.Mask:
+    """``mask`` ANDed with what the equation does to positions.
+
+    A spatial output of an equation that may move content (every primitive but
+    the position-preserving ones of `regions.PASSTHROUGH` with an operand of
+    the output's signature) keeps only pixels whose shifted position is aligned
+    and inside the map (`FrameContext.valid`); an output whose H or W carries
+    content anchored to positions (`EqnInfo.anchored`) keeps only pixels where
+    the shift along that axis is zero.
+    """
+    if out_sig is None:
+        return mask
+    moves = eqn.primitive not in regions.PASSTHROUGH or all(s != out_sig for s in info.in_sigs)
+    if moves:
+        mask = mask & ctx.valid(out_sig)
+    for anchored, zero in zip(info.anchored, ctx.zero_shift(out_sig)):
+        if anchored:
+            mask = mask & zero
+    return mask
 
 
 class Env:
@@ -286,10 +304,7 @@ def _run_eqn(env: Env, i: int, ctx: FrameContext, policy: Policy) -> None:
             )
         else:
             omasks = regions.unsupported(ctx, eqn, info.in_sigs, info.out_sigs, inmasks)
-        omasks = [
-            m & ctx.valid(o) if _needs_valid(info.in_sigs, o) else m
-            for m, o in zip(omasks, info.out_sigs)
-        ]
+        omasks = [_position_test(ctx, eqn, info, m, o) for m, o in zip(omasks, info.out_sigs)]
         if info.layer is not None and info.epilogue and _fused(analysis, i, policy):
             env.pending[info.epilogue[-1]] = (info.layer, eqn, list(invals), omasks[0])
             return  # evaluated where the epilogue ends

@@ -107,7 +107,7 @@ def _epilogue_eqn_ok(e, info: EqnInfo, inside: set, read_dyn, sig, shape) -> boo
     with the layer output's spatial signature and shape (a residual branch).
     Its output has the layer output's shape.
     """
-    if info.fused_into is not None or len(e.outvars) != 1:
+    if info.fused_into is not None or len(e.outvars) != 1 or any(info.anchored):
         return False
     if tuple(e.outvars[0].aval.shape) != shape:
         return False

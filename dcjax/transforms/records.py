@@ -38,6 +38,9 @@ class EqnInfo:
         fused_into: for an epilogue's equation, the index of its layer's.
         dense: the index of the fully connected layer it computes
             (`Analysis.dense_layers`).
+        anchored: whether the output's H and W carry content of a parameter
+            or constant fixed to image positions (`dcjax.transforms.variation`):
+            reusable only where the shift along that axis is zero.
     """
 
     in_sigs: list
@@ -50,6 +53,7 @@ class EqnInfo:
     epilogue: tuple[int, ...] = ()
     fused_into: int | None = None
     dense: int | None = None
+    anchored: tuple[bool, bool] = (False, False)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -105,13 +105,19 @@ def _combine(ctx, in_sigs, out_sig, masks) -> Mask:
     return as_2d(m, out_sig)
 
 
-@register(
+#: Primitives that keep every H and W position where it is (their outputs keep
+#: the operands' pixels in place, or lose H and W): their masks are ANDs,
+#: re-indexed, and they need no in-range test of their own.
+PASSTHROUGH = frozenset([
     *S.ELEMENTWISE, P.broadcast_in_dim_p, P.transpose_p, P.squeeze_p, P.concatenate_p,
     lax.split_p, P.reduce_sum_p, P.reduce_max_p, P.reduce_min_p, P.reduce_prod_p,
     P.reduce_and_p, P.reduce_or_p, P.reduce_xor_p, P.argmax_p, P.argmin_p, P.reduce_p,
     P.cumsum_p, P.cumprod_p, P.cummax_p, P.cummin_p, P.cumlogsumexp_p, P.rev_p, P.sort_p,
     P.top_k_p,
-)  # fmt: skip
+])  # fmt: skip
+
+
+@register(*PASSTHROUGH)
 def _passthrough(ctx, eqn, in_sigs, out_sigs, masks, **_):
     """AND of the operands, kept per pixel where the output keeps H and W."""
     return [_combine(ctx, in_sigs, o, masks) for o in out_sigs]

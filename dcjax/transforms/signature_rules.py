@@ -75,9 +75,20 @@ ELEMENTWISE = [
 ]  # fmt: skip
 
 
+def _aligned(sigs: Sequence[Spatial | None]) -> Spatial:
+    """The one signature of same-shaped operands that meet position by position;
+    `NoRule` where two spatial operands disagree on where H and W are (e.g. a map
+    plus its H-W transpose), their sizes or their strides."""
+    spatial = {s for s in sigs if s is not None}
+    if len(spatial) > 1:
+        raise NoRule
+    return first_spatial(sigs)
+
+
 @register(*ELEMENTWISE)
 def _elementwise(eqn, sigs, **_):
-    return [first_spatial(sigs) for _ in eqn.outvars]
+    sig = _aligned(sigs)
+    return [sig for _ in eqn.outvars]
 
 
 @register(P.broadcast_in_dim_p)
@@ -167,7 +178,7 @@ def _squeeze(eqn, sigs, *, dimensions, **_):
 
 @register(P.concatenate_p)
 def _concatenate(eqn, sigs, *, dimension, **_):
-    sig = first_spatial(sigs)
+    sig = _aligned(sigs)
     if dimension in sig.axes:
         return [None]
     return [sig]
