@@ -46,11 +46,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dcjax import inputs
 from dcjax.config import Config, RefineConfig, SemanticConfig
 from dcjax.matching import Match, StreamMatcher
 from dcjax.plan import Plan, make_plan
 from dcjax.state import CacheState, init_state
-from dcjax.step import Step, frame_input
+from dcjax.step import Step
 from dcjax.transforms.analysis import analyze
 from dcjax.transforms.records import DenseLayer, Layer
 from dcjax.transforms.spatial import Spatial
@@ -105,7 +106,7 @@ class CachedModel:
         self.config = config
         self.frame_shape = check_frame_shape(frame_shape)
         if preprocess is not None:
-            _check_preprocess(preprocess, self.frame_shape, input_dtype)
+            inputs.check_preprocess(preprocess, self.frame_shape, input_dtype)
         if config.semantic is not None:  # mark the exit points while tracing
             from dcjax.transforms.exits import marked
 
@@ -292,108 +293,19 @@ class CachedModel:
     # -- checks --------------------------------------------------------------
 
     def _check_frame(self, frame: Any, name: str, ndim: int) -> jax.Array:
-        if not hasattr(frame, "shape") or not hasattr(frame, "dtype"):
-            try:
-                frame = jnp.asarray(frame)
-            except TypeError as e:
-                raise TypeError(
-                    f"dcjax: {name} must be an array, got {type(frame).__name__}"
-                ) from e
-        dtype = jnp.dtype(frame.dtype)
-        if not (dtype == jnp.uint8 or jnp.issubdtype(dtype, jnp.floating)):
-            raise TypeError(
-                f"dcjax: {name} has dtype {dtype.name}; pass uint8 (0-255) or floating-point frames"
-            )
-        want = self.frame_shape if ndim == 3 else ("T", *self.frame_shape)
-        shape = tuple(frame.shape)
-        if len(shape) != ndim:
-            raise ValueError(
-                f"dcjax: {name} must have shape {tuple(want)}, got an array of shape {shape}"
-            )
-        if shape[-3:] != self.frame_shape:
-            what = "frame" if ndim == 3 else "frames"
-            raise ValueError(
-                f"dcjax: {what} has shape {shape[-3:]} but the model was transformed for "
-                f"{self.frame_shape}"
-            )
-        if jnp.issubdtype(dtype, jnp.floating) and self.config.data_range is None:
-            self._check_float_range(frame, name)
+        frame = inputs.check_frame(frame, name, ndim, self.frame_shape)
+        if not self._float_range_checked and self.config.data_range is None:
+            self._float_range_checked = inputs.check_float_range(frame, name)
         return frame
 
-    def _check_float_range(self, frame: Any, name: str) -> None:
-        """Float frames are read with a PSNR peak of 1.0 unless `Config.data_range`
-        says otherwise: the first concrete float frames a model sees must lie in
-        [0, 1] (one reduction, once)."""
-        if self._float_range_checked or isinstance(frame, jax.core.Tracer):
-            return
-        peak = float(jnp.max(jnp.abs(frame)))
-        if peak > 1.0 + 1e-3:
-            raise ValueError(
-                f"dcjax: {name} holds floating-point values up to {peak:g}, but float "
-                "frames are matched with a PSNR peak of 1.0; scale them to [0, 1], pass "
-                "uint8 frames, or set Config(data_range=...) to their peak value"
-            )
-        self._float_range_checked = True
-
     def _check_match(self, match: Match | None, *, batched: bool) -> Match | None:
-        if match is None:
-            return None
-        if not isinstance(match, Match):
-            raise TypeError(f"dcjax: match must be a deepcache.Match, got {type(match).__name__}")
-        lead = (-1,) if batched else ()
-        motion = jnp.asarray(match.motion)
-        if not jnp.issubdtype(motion.dtype, jnp.integer):
-            traced = isinstance(motion, jax.core.Tracer)
-            if not traced and not bool(jnp.all(motion == jnp.round(motion))):
-                raise ValueError(
-                    f"dcjax: match.motion must be whole pixels, got {np.asarray(motion).tolist()}"
-                )
-        motion = motion.astype(jnp.int32)
-        mask = jnp.asarray(match.mask)
-        hw = self.frame_shape[:2]
-        if motion.shape[-1:] != (2,) or motion.ndim != len(lead) + 1:
-            raise ValueError(f"dcjax: match.motion must be (dy, dx), got shape {motion.shape}")
-        if mask.shape[-2:] != hw or mask.ndim != len(lead) + 2:
-            raise ValueError(f"dcjax: match.mask has shape {mask.shape} but frames are {hw} (H, W)")
-        ratio = match.match_ratio
-        if ratio is None:
-            ratio = mask.astype(jnp.float32).mean(axis=(-2, -1))
-        return Match(motion=motion, mask=mask.astype(bool), match_ratio=ratio)
+        return inputs.check_match(match, self.frame_shape, batched=batched)
 
     def _apply_impl(self, leaves, frame):
         from jax.extend.core import jaxpr_as_fun
 
         outs = jaxpr_as_fun(self._traced.jaxpr)(*leaves, self._step.prepare(frame)[None])
         return jax.tree_util.tree_unflatten(self._traced.out_tree, outs)
-
-
-def _check_preprocess(preprocess: Callable, frame_shape: tuple, input_dtype: Any) -> None:
-    """Raise where ``preprocess`` does not act on each pixel alone, the same way at
-    every position (reuse masks refer to frame pixels that move with the scene)."""
-    frame = jax.ShapeDtypeStruct(frame_shape, jnp.uint8)
-    closed = jax.make_jaxpr(lambda f: frame_input(f, preprocess, input_dtype))(frame)
-    sig = Spatial(axes=(0, 1), size=frame_shape[:2], stride=(1, 1))
-    analysis = analyze(closed, [sig], [True])
-
-    def why(a) -> str | None:
-        for eqn, info in zip(a.jaxpr.jaxpr.eqns, a.eqns):
-            if info.sub is not None and (found := why(info.sub)):
-                return found
-            if any(info.anchored):
-                return f"{eqn.primitive.name} with a value that varies along H or W"
-            if not info.supported:
-                return f"{eqn.primitive.name}, which has no reuse rule"
-        return None
-
-    found = why(analysis)
-    if found is None and analysis.out_sigs[0] != sig:
-        found = "an operation that moves or mixes pixels"
-    if found is not None:
-        raise ValueError(
-            f"dcjax: preprocess must act on each pixel alone, the same way at every "
-            f"position; it uses {found}. Put position-dependent steps (a per-pixel "
-            "mean image, coordinates) inside the model, where they are handled"
-        )
 
 
 def transform(
