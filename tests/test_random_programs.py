@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 import dcjax
+from tests.translated import translated_pair
 
 H = W = 16
 C = 3
@@ -168,17 +169,6 @@ def _run(ops, params, x):
     return x
 
 
-def _pair(motion, seed):
-    rng = np.random.default_rng(seed)
-    prev = rng.uniform(size=(H, W, C)).astype(np.float32)
-    cur = rng.uniform(size=(H, W, C)).astype(np.float32)
-    dy, dx = motion
-    yy, xx = np.mgrid[:H, :W]
-    mask = (yy + dy >= 0) & (yy + dy < H) & (xx + dx >= 0) & (xx + dx < W)
-    cur[mask] = prev[(yy + dy)[mask], (xx + dx)[mask]]
-    return prev, cur, mask
-
-
 @settings(
     max_examples=40, deadline=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -193,7 +183,7 @@ def test_a_random_program_reuses_only_what_a_full_recompute_gives(program, k, se
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # primitives without a rule are reported
         cached = dcjax.transform(_run_fn(ops), params, frame_shape=(H, W, C), config=config)
-    prev, cur, mask = _pair(motion, seed)
+    prev, cur, mask = translated_pair((H, W, C), motion, seed)
     state = cached.init()
     _, state, _ = cached.step(state, jnp.asarray(prev))
     match = dcjax.Match(motion=jnp.asarray(motion), mask=jnp.asarray(mask))
@@ -214,7 +204,7 @@ def test_the_random_programs_reuse_something():
     params = _params(ops, 0)
     config = dcjax.Config(kernel="reference", refresh_every=None, skip_unchanged=False)
     cached = dcjax.transform(_run_fn(ops), params, frame_shape=(H, W, C), config=config)
-    prev, cur, mask = _pair((2, -1), 0)
+    prev, cur, mask = translated_pair((H, W, C), (2, -1), 0)
     state = cached.init()
     _, state, _ = cached.step(state, jnp.asarray(prev))
     match = dcjax.Match(motion=jnp.asarray((2, -1)), mask=jnp.asarray(mask))

@@ -21,6 +21,7 @@ from dcjax.transforms import variation
 from dcjax.transforms.analysis import analyze
 from dcjax.transforms.spatial import Spatial
 from dcjax.transforms.trace import trace_model
+from tests.translated import translated_pair
 
 H, W, C = 24, 24, 3
 DN = ("NHWC", "HWIO", "NHWC")
@@ -35,24 +36,11 @@ def _weights(seed, shape, scale=0.3):
     return jax.random.normal(jax.random.key(seed), shape) * scale
 
 
-def _pair(motion=MOTION, seed=0):
-    """prev, cur = prev translated by ``motion`` (cur[y, x] = prev[y + dy, x + dx]
-    where that lies inside), and the exact reuse mask."""
-    rng = np.random.default_rng(seed)
-    prev = rng.uniform(size=(H, W, C)).astype(np.float32)
-    cur = rng.uniform(size=(H, W, C)).astype(np.float32)
-    dy, dx = motion
-    yy, xx = np.mgrid[:H, :W]
-    mask = (yy + dy >= 0) & (yy + dy < H) & (xx + dx >= 0) & (xx + dx < W)
-    cur[mask] = prev[(yy + dy)[mask], (xx + dx)[mask]]
-    return prev, cur, mask
-
-
 def _reuse_error(fn, params, motion=MOTION):
     """(max |cached - full| on the translated frame, the step's info)."""
     config = dcjax.Config(kernel="reference", refresh_every=None, skip_unchanged=False)
     cached = dcjax.transform(fn, params, frame_shape=(H, W, C), config=config)
-    prev, cur, mask = _pair(motion)
+    prev, cur, mask = translated_pair((H, W, C), motion, seed=0)
     state = cached.init()
     _, state, _ = cached.step(state, jnp.asarray(prev))
     match = dcjax.Match(motion=jnp.asarray(motion), mask=jnp.asarray(mask))

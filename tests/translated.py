@@ -1,0 +1,20 @@
+"""A frame and the same frame translated by a whole-pixel motion, with the exact reuse mask."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def translated_pair(shape, motion, seed):
+    """``(prev, cur, mask)``: random float32 frames of ``shape`` (H, W, C) with
+    ``cur[y, x] = prev[y + dy, x + dx]`` wherever that lies inside (``mask``)
+    and fresh values elsewhere."""
+    h, w, _ = shape
+    rng = np.random.default_rng(seed)
+    prev = rng.uniform(size=shape).astype(np.float32)
+    cur = rng.uniform(size=shape).astype(np.float32)
+    dy, dx = motion
+    yy, xx = np.mgrid[:h, :w]
+    mask = (yy + dy >= 0) & (yy + dy < h) & (xx + dx >= 0) & (xx + dx < w)
+    cur[mask] = prev[(yy + dy)[mask], (xx + dx)[mask]]
+    return prev, cur, mask
