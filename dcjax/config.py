@@ -60,6 +60,15 @@ class SemanticConfig:
             batch exits only when every stream passes its test, so the rest of
             the network is really skipped (without it, `vmap` turns the
             conditionals into selects and computes every branch).
+        max_exits: at most this many consecutive exits; the next frame runs
+            the full network and checks the last exit's class
+            (`dcjax.semantic.guard`).
+        min_agreement: the share of exits that must agree with the full
+            model: on the images `calibrate` holds back, and on the checks of
+            a running stream; below it the stream runs without exits and says
+            so (a warning at calibration, ``info["exits_enabled"]``).
+        holdout: the share of `calibrate`'s images held back to check the
+            memory's exits (`dcjax.semantic.check`); 0 checks nothing.
     """
 
     exit_points: tuple[str, ...] | None = None
@@ -69,6 +78,9 @@ class SemanticConfig:
     max_fast: int = 10
     adapt_centres: bool = True
     batch_axis: str | None = None
+    max_exits: int = 10
+    min_agreement: float = 0.9
+    holdout: float = 0.25
 
     def __post_init__(self) -> None:
         if isinstance(self.exit_points, list):
@@ -102,6 +114,19 @@ class SemanticConfig:
         _check(
             self.batch_axis is None or isinstance(self.batch_axis, str),
             f"SemanticConfig.batch_axis must be None or a vmap axis name, got {self.batch_axis!r}",
+        )
+        _check(
+            isinstance(self.max_exits, int) and not isinstance(self.max_exits, bool)
+            and self.max_exits >= 1,
+            f"SemanticConfig.max_exits must be an int >= 1, got {self.max_exits!r}",
+        )  # fmt: skip
+        _check(
+            isinstance(self.min_agreement, (int, float)) and 0.0 <= self.min_agreement <= 1.0,
+            f"SemanticConfig.min_agreement must be in [0, 1], got {self.min_agreement!r}",
+        )
+        _check(
+            isinstance(self.holdout, (int, float)) and 0.0 <= self.holdout <= 0.5,
+            f"SemanticConfig.holdout must be in [0, 0.5], got {self.holdout!r}",
         )
 
 
@@ -223,15 +248,19 @@ class Config:
             saves the work DeepCache cannot skip layer by layer (small layers
             computed densely, pooling, normalisation, fully connected
             layers). Not with semantic exits, nor for a model with primitives
-            the analysis does not cover. On by default, on every backend.
+            the analysis does not cover, nor when a refined layer reads the
+            frame (its change test, not the matcher, decides what is still).
+            On by default, on every backend.
         dense_updates: update each large fully connected layer by the weight
             rows of the inputs that changed since the last frame (``x !=
             x_ref``, `dcjax.kernels.matvec`) instead of multiplying its whole
             weight matrix again. Exact reuse: the result equals the full
             product up to the float32 rounding of the updates added since the
-            last full product, which every refresh and every frame with more
+            last full product, which every refresh, every frame with more
             than `dcjax.transforms.refine.DENSE_FRACTION` of the inputs
-            changed recompute. The layers are those ``RefineConfig(layers=
+            changed, and every `dcjax.transforms.refine.DENSE_REANCHOR_EVERY`
+            frames (a schedule per layer, also with ``refresh_every=None``)
+            recompute. The layers are those ``RefineConfig(layers=
             "auto")`` refines (`dcjax.transforms.refine.auto_dense`). On CPU
             only (on GPU and TPU the masked product would cost the full one),
             and not with semantic exits. With ``refine`` the refined layers

@@ -252,13 +252,23 @@ class CachedModel:
         Each image (``(N, H, W, C)`` frames, preprocessed like `step`'s) is
         labelled with the model's own top-1; the semantic vectors and outputs
         are averaged per class (SMTM uses a labelled training set instead).
-        States made by `init` afterwards start from this memory.
+        States made by `init` afterwards start from this memory. A share of
+        the images (``SemanticConfig.holdout``) is held back first to check
+        that the exits agree with the full model (`semantic_check`); where
+        they do not, the memory runs without exits and a warning says so.
 
         Returns:
             The calibrated `dcjax.semantic.SemanticState`.
         """
         inputs = self._semantic_inputs(images, "calibrate")
         return self._semantic.calibrate(self._traced.leaves, inputs, batch_size)
+
+    @property
+    def semantic_check(self) -> Any:
+        """The last `calibrate`'s held-back check (`dcjax.semantic.check.CalibrationCheck`):
+        whether the memory's exits agreed with the full model, and whether they
+        stay on; None before a calibration or without semantic exits."""
+        return None if self._semantic is None else self._semantic.check
 
     def semantic_features(
         self, images: jax.Array, batch_size: int = 16

@@ -57,6 +57,12 @@ class LayerPlan:
             chain it belongs to, or None.
         reads_frame: whether its input comes from the frame with no reused
             layer in between.
+        tested_alone: a refined layer that reads the frame (``reads_frame``),
+            with ``delta > 0``: its input's mask is the matcher's, which
+            passes blocks by PSNR; it reuses where its own change test passes
+            only (`transforms.refiners`), so that refinement's error bound
+            holds at every output it reuses. (``delta == 0`` tests nothing:
+            plain DeepCache.)
     """
 
     layer: Layer
@@ -66,6 +72,7 @@ class LayerPlan:
     epilogue: tuple[str, ...] = ()
     chain: tuple[int, int, int] | None = None
     reads_frame: bool = False
+    tested_alone: bool = False
 
     @property
     def owns_reference(self) -> bool:
@@ -183,6 +190,7 @@ def make_plan(analysis: Analysis, config: Config, backend: str) -> Plan:
             epilogue=epilogues[i] if fused and (keeps[i] or i in chains) else (),
             chain=chains.get(i),
             reads_frame=reads_frame[i],
+            tested_alone=refined[i] and reads_frame[i] and config.refine.delta > 0,
         )
         for i, layer in enumerate(layers)
     )
@@ -193,8 +201,13 @@ def make_plan(analysis: Analysis, config: Config, backend: str) -> Plan:
         keeps_dense_state=config.refine is not None or any(exact),
         semantic_dense=semantic_dense,
         # A still frame skips the network only where the analysis covers every
-        # primitive: an unsupported one is recomputed in full whatever the masks.
-        skips_still=config.skip_unchanged and not semantic and not analysis.unsupported,
+        # primitive: an unsupported one is recomputed in full whatever the masks;
+        # nor where a refined layer reads the frame: its change test, not the
+        # matcher, decides whether its input is still.
+        skips_still=config.skip_unchanged
+        and not semantic
+        and not analysis.unsupported
+        and not any(lp.tested_alone for lp in layer_plans),
         unsupported=tuple(sorted(analysis.unsupported)),
         total_flops=sum(layer.flops for layer in layers) + analysis.other_flops,
         other_flops=analysis.other_flops,

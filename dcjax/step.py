@@ -92,6 +92,7 @@ class _CachePolicy(Policy):
             self._refiner = InputRefiner(
                 refined=plan.refined,
                 owners=tuple(lp.ref_owner for lp in plan.layers),
+                tested_alone=tuple(lp.tested_alone for lp in plan.layers),
                 signatures=tuple(lp.layer.in_signature for lp in plan.layers),
                 delta=config.refine.delta,
                 metric=config.refine.metric,
@@ -107,6 +108,7 @@ class _CachePolicy(Policy):
             exact=tuple(d.exact for d in plan.dense),
             states=state.dense,
             refresh=refresh,
+            frame_index=state.frame_index,
         )
 
     def fuses(self, layer: int) -> bool:

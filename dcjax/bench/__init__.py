@@ -8,6 +8,8 @@ Each program is a module here with ``main(argv) -> int`` (its own options,
   convolution, by dirty fraction;
 - `dcjax.bench.matvec`: the fully connected row update against the dense
   product, by fraction of changed inputs;
+- `dcjax.bench.reanchor`: the float32 drift of fully connected layers updated
+  by rows over a long stream, by re-anchoring period;
 - `dcjax.bench.matchers`: the block matchers' frames per second and match ratio;
 - `dcjax.bench.zoo`: the model zoo's parameters, FLOPs, dense latency and
   cache memory;
@@ -26,6 +28,7 @@ __all__ = ["PROGRAMS"]
 PROGRAMS: dict[str, str] = {
     "kernels": "sparse convolution kernels against dense, by dirty fraction",
     "matvec": "fully connected row updates against dense, by changed fraction",
+    "reanchor": "float32 drift of row-updated fully connected layers, by re-anchoring period",
     "matchers": "block matchers: frames/s and match ratio",
     "zoo": "the model zoo: parameters, FLOPs, latency, cache memory",
     "semantic": "semantic exits: tau sweep, exit rates, exit ceiling",

@@ -89,10 +89,12 @@ def _runner(method: str, spec: ModelSpec, config: tuple[Config, str, int | None]
     if source.lower() != "none":
         cached.calibrate(_calibration_frames(spec, source, count))
     config = config_dict(dataclasses.replace(cfg, semantic=None))
+    check = cached.semantic_check
     config.update(
         semantic={k: getattr(cfg.semantic, k) for k in sorted(_SEMANTIC_FIELDS)},
         calibration=source,
         calib_frames=count,
+        calibration_check=None if check is None else dataclasses.asdict(check),
     )
     return Runner(
         method=method,

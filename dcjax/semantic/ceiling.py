@@ -33,15 +33,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dcjax.semantic.check import confidences
+
 __all__ = ["exit_ceiling"]
-
-_EPS = 1e-6
-
-
-def _cosine(v: np.ndarray, c: np.ndarray) -> np.ndarray:
-    vn = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), _EPS)
-    cn = c / np.maximum(np.linalg.norm(c, axis=1, keepdims=True), _EPS)
-    return vn @ cn.T
 
 
 def exit_ceiling(
@@ -85,18 +79,9 @@ def exit_ceiling(
     names = [str(i) for i in range(len(eval_vectors))] if names is None else list(names)
     classes = np.unique(calib_labels)
     n = eval_labels.shape[0]
-    sa = np.zeros((n, classes.size))
     points = []
-    for level, (cv, ev, name) in enumerate(zip(calib_vectors, eval_vectors, names, strict=True)):
-        cv = np.asarray(cv, np.float64).reshape(calib_labels.shape[0], -1)
-        ev = np.asarray(ev, np.float64).reshape(n, -1)
-        centres = np.stack([cv[calib_labels == c].mean(axis=0) for c in classes])
-        sa = sa + 2.0**level * _cosine(ev, centres)  # Eq. 3, l = level + 1
-        if classes.size >= 2:
-            top2 = np.sort(sa, axis=1)[:, -2:]
-            ac = (top2[:, 1] - top2[:, 0]) / np.maximum(np.abs(top2[:, 0]), _EPS)  # Eq. 4
-        else:
-            ac = np.full((n,), -np.inf)
+    levels = confidences(calib_vectors, calib_labels, eval_vectors)
+    for level, ((sa, ac), name) in enumerate(zip(levels, names, strict=True)):
         agree = classes[np.argmax(sa, axis=1)] == eval_labels
         order = np.argsort(-ac, kind="stable")
         precision = np.cumsum(agree[order]) / np.arange(1, n + 1)

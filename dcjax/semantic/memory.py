@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from dcjax.semantic import guard as guard_lib
+
 __all__ = [
     "SemanticState",
     "accumulated_confidence",
@@ -67,6 +69,8 @@ class SemanticState:
         tau: the exit threshold (a scalar, initially ``SemanticConfig.tau``);
             a state field, so a stream's threshold can change without
             recompiling.
+        guard: the exits' guard (`dcjax.semantic.guard.ExitGuard`): bounded
+            staleness, checks, and whether the stream may exit at all.
     """
 
     centres: tuple
@@ -77,6 +81,7 @@ class SemanticState:
     out_means: tuple
     out_counts: jax.Array
     tau: jax.Array
+    guard: guard_lib.ExitGuard = dataclasses.field(default_factory=guard_lib.fresh)
 
 
 def empty_state(

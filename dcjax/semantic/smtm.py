@@ -12,7 +12,12 @@ set. Per frame it:
 3. on an exit returns the stored mean output of the matched class; otherwise
    the model's own output, whose top-1 is the frame's class;
 4. updates the tables, the predicted class's centres at the exit points it
-   reached (Eq. 7) and, after a full inference, its mean output.
+   reached (Eq. 7) and, after a full inference, its mean output;
+5. guards the exits (`dcjax.semantic.guard`): at most
+   ``SemanticConfig.max_exits`` in a row, then a full inference that checks
+   the last exit's class; a stream whose checks disagree too often, or whose
+   calibration failed its held-back check (`dcjax.semantic.check`), runs
+   without exits.
 
 The class of a frame is the arg-max over the last axis of the model's first
 output (averaged over any other axes): the memory has one slot per output unit.
@@ -38,6 +43,7 @@ unbatched), so the skipped layers are really skipped.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,7 +54,9 @@ from jax import lax
 
 from dcjax.config import SemanticConfig
 from dcjax.kernels import dense_conv_eqn
+from dcjax.semantic import guard as guard_lib
 from dcjax.semantic import memory as mem
+from dcjax.semantic.check import CalibrationCheck, check_held_back
 from dcjax.transforms import exits
 from dcjax.transforms.interpreter import Env, Policy, run_eqns
 from dcjax.transforms.motion import FrameContext
@@ -114,6 +122,8 @@ class SemanticExits:
         self._calibrate_jit = jax.jit(jax.vmap(self._full, in_axes=(None, 0)))
         #: without reuse (``dense``) the step keeps no layer caches
         self.dense = False
+        #: the last calibration's held-back check (None before one)
+        self.check: CalibrationCheck | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -170,6 +180,7 @@ class SemanticExits:
             max_fast=cfg.max_fast,
         )
         n_exits = plan.num_exits
+        allowed = guard_lib.allows(memory.guard, cfg.max_exits)
         carry = {
             "sa": jnp.zeros(classes.shape, jnp.float32),
             "ac": jnp.full((n_exits,), jnp.nan, jnp.float32),
@@ -183,7 +194,7 @@ class SemanticExits:
             valid = active & (memory.counts[e, classes] > 0)
             sa = jnp.where(valid, mem.cumulative_similarity(c["sa"], s, e + 1), -jnp.inf)
             ac, slot = mem.accumulated_confidence(sa)
-            take = ac > memory.tau
+            take = (ac > memory.tau) & allowed
             if cfg.batch_axis is not None:
                 passed = lax.psum(take.astype(jnp.int32), cfg.batch_axis)
                 take = passed == lax.psum(1, cfg.batch_axis)
@@ -228,7 +239,9 @@ class SemanticExits:
         exit_class = classes[carry["slot"]]
         predicted = jnp.where(exited, exit_class, self.classify(outs)).astype(jnp.int32)
         reached = jnp.where(exited, jnp.arange(n_exits) <= exit_index, True)
-        new = self._update(memory, carry["vectors"], outs, predicted, reached, exited)
+        new = self._update(memory, carry["vectors"], outs, predicted, reached, exited, exit_class)
+        checked = update & (new.guard.checks > memory.guard.checks)
+        agreed = checked & (new.guard.mismatches == memory.guard.mismatches)
         memory = jax.tree_util.tree_map(lambda a, b: jnp.where(update, a, b), new, memory)
         info = {
             "exit": exit_index,
@@ -236,10 +249,13 @@ class SemanticExits:
             "ac": carry["ac"],
             "fast_size": k,
             "predicted_class": predicted,
+            # 1: a check agreed with the last exit, -1: it did not, 0: no check
+            "exit_check": jnp.where(agreed, 1, jnp.where(checked, -1, 0)).astype(jnp.int32),
+            "exits_enabled": memory.guard.enabled,
         }
         return outs, caches, fractions, ran, memory, info
 
-    def _update(self, memory, vectors, outs, predicted, reached, exited):
+    def _update(self, memory, vectors, outs, predicted, reached, exited, exit_class):
         frequency, since_seen = mem.update_tables(memory.frequency, memory.since_seen, predicted)
         centres, counts = memory.centres, memory.counts
         if self.config.adapt_centres:
@@ -256,6 +272,14 @@ class SemanticExits:
             out_means=out_means,
             out_counts=out_counts,
             tau=memory.tau,
+            guard=guard_lib.after_frame(
+                memory.guard,
+                exited=exited,
+                exit_class=exit_class,
+                predicted=predicted,
+                max_exits=self.config.max_exits,
+                min_agreement=self.config.min_agreement,
+            ),
         )
 
     # -- calibration ---------------------------------------------------------
@@ -314,6 +338,12 @@ class SemanticExits:
     ) -> mem.SemanticState:
         """Initialise the memory from the full model on preprocessed ``inputs``.
 
+        Checks the exits on the ``SemanticConfig.holdout`` share of the inputs
+        first (`dcjax.semantic.check`, kept as `check`): where they agree with
+        the full model less than ``min_agreement``, the memory is switched off
+        (a warning says so) and the stream runs without exits. The centres are
+        then the means over every input.
+
         Args:
             leaves: the model's variable leaves.
             inputs: ``(N, 1, H, W, C)`` model inputs.
@@ -326,6 +356,13 @@ class SemanticExits:
         outs, vecs = self.features(leaves, inputs, batch_size)
         n, k = outs[0].shape[0], self.num_classes
         labels = self.labels(outs)
+        cfg = self.config
+        self.check = check_held_back(
+            vecs, labels, tau=cfg.tau, share=cfg.holdout, min_agreement=cfg.min_agreement
+        )
+        if not self.check.passed:
+            warnings.warn(f"dcjax: semantic exits switched off: {self.check.describe()}",
+                          stacklevel=3)  # fmt: skip
         count = np.bincount(labels, minlength=k).astype(np.float32)
         safe = np.maximum(count, 1.0)
 
@@ -343,5 +380,6 @@ class SemanticExits:
             out_means=tuple(jnp.asarray(per_class(o)) for o in outs),
             out_counts=jnp.asarray(count),
             tau=jnp.float32(self.config.tau),
+            guard=guard_lib.fresh(enabled=self.check.passed),
         )
         return self.memory

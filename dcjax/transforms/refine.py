@@ -87,7 +87,11 @@ element left out is within ``delta_l`` of its reference, for each output ``j``::
     |y[j] - (x_t @ W)[j]| < delta_l * sum_i |W[i, j]|          (`dense_error_bound`)
 
 whatever the stream's length (up to the float32 rounding of the updates
-added since the last full product, a relative ~1e-7 each). The update reads
+added since the last full product, a relative ~1e-7 each). So that rounding
+stays bounded on an endless stream (``refresh_every=None``), each layer also
+computes its product in full every `DENSE_REANCHOR_EVERY` frames, on a
+schedule of its own (layer ``i`` on the frames ``t`` with ``(t + i) %
+DENSE_REANCHOR_EVERY == 0``: the layers do not all pay on the same frame). The update reads
 only the rows of ``W`` of the changed inputs (`dcjax.kernels.matvec`). Under
 ``layers="auto"`` a fully connected layer is refined when it has at least
 `AUTO_MIN_DENSE_WEIGHTS` (4 Mi) weights and `AUTO_MIN_DENSE_OUTPUTS` (16)
@@ -125,6 +129,7 @@ __all__ = [
     "AUTO_MIN_DENSE_WEIGHTS",
     "AUTO_MIN_MACS_PER_INPUT",
     "DENSE_FRACTION",
+    "DENSE_REANCHOR_EVERY",
     "METRICS",
     "auto_dense",
     "change",
@@ -132,6 +137,7 @@ __all__ = [
     "dense_scale",
     "error_bound",
     "refined_dense",
+    "reanchors",
     "refined_layers",
     "scale",
 ]
@@ -152,6 +158,18 @@ AUTO_MIN_DENSE_OUTPUTS = 16
 #: its product in full (`dcjax.kernels.matvec`; see docs/performance-notes.md,
 #: "Fully connected layers: the full product above 75 % changed inputs").
 DENSE_FRACTION = 0.75
+
+#: Every this many frames a fully connected layer updated by rows computes its
+#: product in full again, so that the float32 rounding of the updates does not
+#: grow without bound (see docs/performance-notes.md, "Fully connected layers:
+#: re-anchoring the running product").
+DENSE_REANCHOR_EVERY = 64
+
+
+def reanchors(frame_index: jax.Array, layer: int) -> jax.Array:
+    """Whether fully connected layer ``layer`` computes its product in full on
+    frame ``frame_index`` (`DENSE_REANCHOR_EVERY`, staggered by layer)."""
+    return (frame_index + layer) % DENSE_REANCHOR_EVERY == 0
 
 
 def refined_layers(

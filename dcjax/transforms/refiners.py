@@ -2,7 +2,12 @@
 
 `InputRefiner` tests the input of every refined convolution against its
 (shifted) reference: a pixel whose change is under ``delta * scale`` counts as
-reusable too, and the reference takes the frame's value everywhere else.
+reusable too. The reference stays what the layer's cache was computed from:
+it keeps its value wherever the layer reuses and takes the frame's value
+wherever the layer recomputes. At a layer that reads the frame
+(`dcjax.plan.LayerPlan.tested_alone`) the input's mask is the matcher's, which
+passes blocks by PSNR: there the test alone decides reuse, so that the error
+bound holds at every output the layer reuses, behind a block matcher too.
 Layers that read the same feature map (`queries.shared_inputs`) share the
 first one's test, reference and scale: one pass over the map, one copy in the
 state.
@@ -11,8 +16,9 @@ state.
 (`refined_product`): an input element whose change against the reference is
 under ``delta * scale`` (refinement) or exactly zero (`Config.dense_updates`)
 keeps its reference; the product moves by the weight rows of the others
-(`dcjax.kernels.matvec`). A refresh, or more than `refine.DENSE_FRACTION` of
-the inputs changed, computes the product in full and resets the reference.
+(`dcjax.kernels.matvec`). A refresh, more than `refine.DENSE_FRACTION` of
+the inputs changed, or the layer's re-anchoring frame (`refine.reanchors`)
+computes the product in full and resets the reference.
 
 Both are used through the interpreter's `Policy` (`dcjax.step`) and return
 what they computed as results (`RefineResult`, `DenseResult`); the contract
@@ -58,6 +64,8 @@ class InputRefiner:
     Args:
         refined: per layer, whether its input is tested.
         owners: per layer, the layer whose test it shares (itself when none).
+        tested_alone: per layer, whether the test replaces its input's mask
+            (the matcher's: `LayerPlan.tested_alone`).
         signatures: per layer, the spatial signature of its input.
         delta, metric: `RefineConfig.delta` and `RefineConfig.metric`.
         refs: per layer, the reference of its input (None where it keeps none).
@@ -72,6 +80,7 @@ class InputRefiner:
         *,
         refined: Sequence[bool],
         owners: Sequence[int],
+        tested_alone: Sequence[bool],
         signatures: Sequence[Any],
         delta: float,
         metric: str,
@@ -82,6 +91,7 @@ class InputRefiner:
         refresh: jax.Array,
     ) -> None:
         self._refined, self._owners, self._signatures = refined, owners, signatures
+        self._tested_alone = tested_alone
         self._delta, self._metric = delta, metric
         self._refs, self._ref_scale, self._layer_valid = refs, ref_scale, layer_valid
         self._ctx, self._refresh = ctx, refresh
@@ -98,10 +108,18 @@ class InputRefiner:
             new_ref, small, scale = self._test(owner, x, in_mask)
             self._tested[owner] = (small, scale)
         small, scale = self._tested[owner]
-        return in_mask | small, RefineResult(ref=new_ref, scale=scale)
+        mask = small if self._tested_alone[owner] else in_mask | small
+        return mask, RefineResult(ref=new_ref, scale=scale)
 
     def _test(self, owner: int, x: jax.Array, in_mask: Any):
+        """``(new reference, reusable, scale)`` of the input ``x`` of layer ``owner``.
+
+        Reusable: the change test passes, or (not tested alone) the input's
+        mask says so. The new reference is the old one wherever the layer
+        reuses, ``x`` elsewhere: what the layer's cache was computed from.
+        """
         sig = self._signatures[owner]
+        alone = self._tested_alone[owner]
         metric, delta = self._metric, self._delta
         old = self._ref_scale[owner]
         scale = lax.cond(
@@ -111,15 +129,22 @@ class InputRefiner:
         ref = shifted(self._refs[owner], dy, dx, sig.axes)
         valid = self._ctx.valid(sig) & self._layer_valid[owner] & ~self._refresh
 
-        def test(small, ref, x, scale, valid):
+        shape = (x.shape[sig.axes[0]], x.shape[sig.axes[1]])  # `change`'s
+        kept_by_mask = jnp.zeros(shape, bool) if alone else jnp.broadcast_to(in_mask, shape)
+
+        def test(small, ref, x, scale, valid, kept_by_mask):
             small = refine_lib.change(x, ref, sig, metric) < delta * scale
             small = small & valid
-            new_ref = jnp.where(expand_mask(small, x.ndim, sig.axes), ref, x.astype(ref.dtype))
-            return small, new_ref
+            # where the layer reuses: the reference stays what its cache came from
+            reused = expand_mask(small | (kept_by_mask & valid), x.ndim, sig.axes)
+            return small, jnp.where(reused, ref, x.astype(ref.dtype))
 
-        shape = (x.shape[sig.axes[0]], x.shape[sig.axes[1]])  # `change`'s
         carry = (jnp.ones(shape, bool), ref)
-        if skipping_pays():
+        if alone:
+            # the matcher's mask may say "reusable" where the input moved: the
+            # test runs on every frame
+            small, new_ref = test(*carry, x, scale, valid, kept_by_mask)
+        elif skipping_pays():
             # Nothing of the map left to recompute (a still scene): no test,
             # and the reference keeps what the caches came from. The reference
             # is the loop's carry, not an operand too, so it is updated in
@@ -127,11 +152,11 @@ class InputRefiner:
             small, new_ref = lax.fori_loop(
                 0,
                 (~jnp.all(in_mask)).astype(jnp.int32),
-                lambda i, c: test(*c, *pinned((x, scale, valid), i)),
+                lambda i, c: test(*c, *pinned((x, scale, valid, kept_by_mask), i)),
                 carry,
             )
         else:
-            small, new_ref = test(*carry, x, scale, valid)
+            small, new_ref = test(*carry, x, scale, valid, kept_by_mask)
         return new_ref, small, scale
 
 
@@ -159,6 +184,7 @@ class DenseUpdater:
             (`Config.dense_updates`).
         states: per layer, its ``(x_ref, y_ref, scale)`` (None where not updated).
         refresh: whether the frame is recomputed in full.
+        frame_index: the frame's index in the stream (`refine.reanchors`).
     """
 
     def __init__(
@@ -169,9 +195,10 @@ class DenseUpdater:
         exact: Sequence[bool],
         states: Sequence[Any],
         refresh: jax.Array,
+        frame_index: jax.Array,
     ) -> None:
         self._updated, self._deltas, self._exact = updated, deltas, exact
-        self._states, self._refresh = states, refresh
+        self._states, self._refresh, self._frame_index = states, refresh, frame_index
 
     def __call__(self, index: int, eqn: Any, invals: list) -> tuple[jax.Array, DenseResult | None]:
         """``(product, result)`` of fully connected layer ``index``."""
@@ -179,14 +206,16 @@ class DenseUpdater:
             return lowering.bind(eqn, invals)[0], None
         (x_ref, y_ref, old), (lhs, w) = self._states[index], invals
         state, reuse, y = refined_product(
-            eqn, lhs, w, x_ref, y_ref, old, self._deltas[index], self._refresh,
-            self._exact[index],
+            eqn, lhs, w, x_ref, y_ref, old, self._deltas[index],
+            self._refresh | refine_lib.reanchors(self._frame_index, index), self._exact[index],
         )  # fmt: skip
         return y, DenseResult(state=state, reuse=reuse)
 
 
 def refined_product(eqn, lhs, w, x_ref, y_ref, old_scale, delta, refresh, exact_updates):
     """One fully connected layer updated by rows: ``(new state, reuse fraction, product)``.
+
+    ``refresh``: compute the product in full and reset the reference.
 
     An input element counts as unchanged when its change against the reference
     is under ``delta * scale`` (refinement) or, with ``exact_updates``

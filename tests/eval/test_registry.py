@@ -103,6 +103,9 @@ _BAD_SPECS = [
     ("semantic:calib_frames=0", "calib_frames"),
     ("semantic:calibration=nowhere.mp4", "nowhere.mp4"),
     ("deepcache+semantic:window=0", "window"),
+    ("semantic:max_exits=0", "max_exits"),
+    ("deepcache+semantic:min_agreement=2", "min_agreement"),
+    ("semantic:holdout=0.9", "holdout"),
 ]
 
 

@@ -110,5 +110,6 @@ def test_update_outputs_running_mean_only_when_asked():
 
 def test_memory_bytes_counts_every_table():
     state = mem.empty_state(10, (4, 8), ((1, 10),))
-    # centres 10*(4+8), counts 2*10, FT 10, TS 10, prior 10, out means 10*10, out counts 10, tau
-    assert mem.memory_bytes(state) == 4 * (120 + 20 + 10 + 10 + 10 + 100 + 10 + 1)
+    # centres 10*(4+8), counts 2*10, FT 10, TS 10, prior 10, out means 10*10, out counts 10, tau;
+    # the guard: four int32 counters and a bool
+    assert mem.memory_bytes(state) == 4 * (120 + 20 + 10 + 10 + 10 + 100 + 10 + 1) + 4 * 4 + 1

@@ -268,5 +268,12 @@ def test_semantic_config_validation():
         deepcache.SemanticConfig(tau=float("nan"))
     with pytest.raises(ValueError, match="exit_points"):
         deepcache.SemanticConfig(exit_points=())
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="max_exits"):
+            deepcache.SemanticConfig(max_exits=bad)
+    with pytest.raises(ValueError, match="min_agreement"):
+        deepcache.SemanticConfig(min_agreement=1.5)
+    with pytest.raises(ValueError, match="holdout"):
+        deepcache.SemanticConfig(holdout=0.75)
     with pytest.raises(ValueError, match="Config.semantic"):
         deepcache.Config(semantic={"tau": 1.0})

@@ -113,6 +113,55 @@ def test_error_bound_per_layer_and_no_accumulation(metric):
     assert np.mean(reused_late) > 0.3
 
 
+@functools.cache
+def _scene_with_object(n: int, drift: float, noise: float, seed: int = 1) -> np.ndarray:
+    """`_photo_stream` with a real object (a patch of another photo) crossing
+    the scene one pixel per frame: blocks around it fail the matcher, blocks
+    it left behind pass it again."""
+    frames = _photo_stream(n, drift, noise, seed).copy()
+    patch = transform.resize(data.astronaut(), (8, 8), anti_aliasing=True).astype(np.float32)
+    for t in range(n):
+        top, left = 4 + (t // 2) % 16, 2 + t % 20
+        frames[t, top : top + 8, left : left + 8] = patch
+    return frames
+
+
+def test_error_bound_holds_behind_a_block_matcher():
+    """The refined stem reads the frame behind the diamond matcher: 40 frames of
+    drift, noise and a moving object, no refresh. A block the matcher passes
+    but the change test rejects is recomputed and its reference moves with it;
+    every layer stays within its bound on every frame."""
+    delta = 0.1
+    cached = _transform(
+        RefineConfig(delta=delta, layers="all"),
+        POSITIVE,
+        matcher="diamond",
+        block_size=4,
+        psnr_threshold=16.0,  # passes blocks whose pixels moved by more than the test allows
+        refresh_every=None,
+    )
+    assert [lp.tested_alone for lp in cached.plan.layers] == [True, False]
+    assert not cached.plan.skips_still  # the matcher alone does not decide a still frame
+    frames = _scene_with_object(40, 0.008, 0.01)
+    state = cached.init()
+    matched, reused = [], []
+    for t, f in enumerate(frames):
+        (y1, y2), state, info = cached.step(state, f)
+        assert not (t and bool(info["refreshed"])), t
+        scale = np.asarray(state.ref_scale)
+        inputs = [jnp.asarray(f)[None], jax.nn.relu(y1)]
+        for layer, (x, y, w) in enumerate(zip(inputs, (y1, y2), (POSITIVE["w1"], POSITIVE["w2"]))):
+            err = np.abs(np.asarray(y) - np.asarray(_conv(x, w))).max(axis=(0, 1, 2))
+            bound = refine_lib.error_bound(w, delta * scale[layer], "max_abs", w.shape[2])
+            assert (err <= np.asarray(bound) + 1e-5).all(), (t, layer, err, bound)
+        matched.append(float(info["match_ratio"]))
+        reused.append(np.asarray(info["reuse_fraction"]))
+    # the matcher passes most blocks, the moving object fails some, and both
+    # layers reuse to the end of the stream
+    assert 0.3 < np.mean(matched[1:]) < 1.0, matched
+    assert np.mean(reused[20:], axis=0).min() > 0.3, reused[20:]
+
+
 def test_refinement_increases_reuse_on_real_noise():
     frames = _photo_stream(5, 0.0, 0.04)  # noise under ~28 dB PSNR: blocks do not match
     plain = _transform(None, matcher="static", psnr_threshold=30.0)
@@ -163,34 +212,43 @@ def test_layers_reading_one_map_share_its_test_and_reference():
     assert (np.asarray(info_s["reuse_fraction"])[1:] > 0.2).all(), info_s["reuse_fraction"]
 
 
-def test_maps_left_all_reusable_are_not_tested_and_keep_their_references():
-    """A frame whose blocks all match with no motion leaves every mask all reusable:
-    the change test is skipped and the references keep what the caches came from,
-    even where the frame moved past ``delta`` (the matcher's approximation)."""
+def test_a_refined_layer_reading_the_frame_reuses_where_its_test_passes_only():
+    """Behind a block matcher, a refined layer that reads the frame reuses where
+    its change test passes, not where the matcher passed a block: a frame whose
+    blocks all match but whose pixels moved past ``delta`` is recomputed there,
+    and the reference takes the frame; the same frame again is reused in full
+    and keeps the references. Without refinement the matcher's verdict stands."""
     refine = RefineConfig(delta=1e-4, layers="all")
     cached = _transform(refine, matcher="static", psnr_threshold=20.0, refresh_every=None)
     plain = _transform(None, matcher="static", psnr_threshold=20.0, refresh_every=None)
     f0 = _photo_stream(1, 0.0, 0.0)[0]
     f1 = np.clip(f0 + 0.01, 0, 1).astype(np.float32)  # ~40 dB: every block matches
     state, sp = cached.init(), plain.init()
-    (_, _), state, _ = cached.step(state, f0)
-    _, sp, _ = plain.step(sp, f0)
+    (y0, _), state, _ = cached.step(state, f0)
+    (p0, _), sp, _ = plain.step(sp, f0)
+    (y1, _), state, info = cached.step(state, f1)
+    (p1, _), sp, info_p = plain.step(sp, f1)
+    for i in (info, info_p):
+        assert float(i["input_reuse"]) == 1.0 and not bool(i["refreshed"])
+    # plain DeepCache keeps the first frame's features (the matcher's approximation)
+    assert bool(info_p["skipped"])
+    np.testing.assert_array_equal(np.asarray(p1), np.asarray(p0))
+    # the refined stem recomputed every pixel that moved past its threshold
+    assert not bool(info["skipped"])
+    assert float(info["reuse_fraction"][0]) < 0.05
+    np.testing.assert_allclose(
+        np.asarray(y1), np.asarray(_conv(jnp.asarray(f1)[None], PARAMS["w1"])), atol=1e-5
+    )
+    moved = np.abs(f1 - f0).max(axis=-1) > 0
+    ref = np.asarray(state.refs[0][0])
+    np.testing.assert_array_equal(ref[moved], f1[moved])
     before = [np.asarray(r) for r in state.refs]
-    out, state, info = cached.step(state, f1)
-    out_p, sp, info_p = plain.step(sp, f1)
-    assert float(info["input_reuse"]) == 1.0 and not bool(info["refreshed"])
+    # the same frame again: every test passes, nothing recomputed, references kept
+    (y2, _), state, info = cached.step(state, f1)
     np.testing.assert_array_equal(np.asarray(info["reuse_fraction"]), [1.0, 1.0])
-    for a, b in zip(out, out_p):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_array_equal(np.asarray(y2), np.asarray(y1))
     for old, new in zip(before, state.refs):
         np.testing.assert_array_equal(old, np.asarray(new))
-    # the same frame with one block changed tests the maps again and updates them
-    f2 = f1.copy()
-    f2[:8, :8] = 1.0 - f2[:8, :8]
-    _, state, info = cached.step(state, f2)
-    assert float(info["input_reuse"]) < 1.0
-    assert not np.array_equal(before[0], np.asarray(state.refs[0]))
-    assert not np.array_equal(before[1], np.asarray(state.refs[1]))
 
 
 def test_refresh_resets_references():
@@ -428,6 +486,51 @@ def test_dense_refinement_falls_back_to_the_full_product_when_most_inputs_change
     exact = jnp.asarray(1.0 - f).reshape(1, -1) @ FC_PARAMS["fc"]
     np.testing.assert_array_equal(np.asarray(y), np.asarray(exact))
     np.testing.assert_array_equal(np.asarray(state.dense[0][0]), (1.0 - f).reshape(-1))
+
+
+def two_dense(params, x):
+    """Two fully connected layers, the second on the first's output."""
+    h = jax.nn.relu(x.reshape(1, -1) @ params["fc"])
+    return h, h @ params["fc3"]
+
+
+def test_dense_products_re_anchor_on_a_schedule_of_their_own(monkeypatch):
+    """With ``refresh_every=None`` each fully connected layer computes its product
+    in full every `DENSE_REANCHOR_EVERY` frames, layer ``i`` on the frames with
+    ``(t + i) % K == 0``: there it reads every row, equals the full product to
+    float32 rounding and takes the frame's input as its reference; between
+    them it skips rows and stays within its bound."""
+    every = 8
+    monkeypatch.setattr(refine_lib, "DENSE_REANCHOR_EVERY", every)
+    params = {**FC_PARAMS, "fc3": jax.random.normal(jax.random.key(5), (FC_OUT, FC_OUT)) * 0.3}
+    delta = 0.1
+    cached = _transform(
+        RefineConfig(delta=delta, layers="all"), params, model=two_dense, matcher="none",
+        refresh_every=None,
+    )  # fmt: skip
+    assert [d.updated for d in cached.plan.dense] == [True, True]
+    frames = _photo_stream(3 * every + 2, 0.004, 0.01)
+    state = cached.init()
+    for t, f in enumerate(frames):
+        (h, y), state, info = cached.step(state, f)
+        reuse = np.asarray(info["dense_reuse"])
+        inputs = (jnp.asarray(f).reshape(1, -1), h)
+        for i, (x, out, w) in enumerate(zip(inputs, (h, y), (params["fc"], params["fc3"]))):
+            exact = np.asarray(x @ w)
+            if i == 0:
+                exact = np.maximum(exact, 0.0)
+            anchored = t == 0 or (t + i) % every == 0  # frame 0: the first, in full
+            assert (reuse[i] == 0.0) == anchored, (t, i, reuse)
+            if anchored:
+                np.testing.assert_allclose(np.asarray(out), exact, rtol=1e-5, atol=1e-6)
+                np.testing.assert_array_equal(
+                    np.asarray(state.dense[i][0]), np.asarray(x, np.float32).reshape(-1)
+                )
+            if i == 0:
+                bound = np.asarray(refine_lib.dense_error_bound(w, delta * state.dense[i][2]))
+                pre = np.asarray(x @ w)[0]
+                # relu is 1-Lipschitz: the bound on the product holds after it
+                assert (np.abs(np.asarray(out)[0] - np.maximum(pre, 0)) <= bound + 1e-4).all()
 
 
 def _product_operands(fn, *args) -> list:
