@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["PALETTE", "SIZE", "Block", "TinyNet", "create", "frames"]
+__all__ = [
+    "PALETTE",
+    "SHAPE",
+    "SIZE",
+    "Block",
+    "TinyNet",
+    "calibration",
+    "create",
+    "frames",
+    "shared",
+]
 
 SIZE = 32
+SHAPE = (SIZE, SIZE, 3)
 
 
 class Block(nn.Module):
@@ -65,3 +78,15 @@ def create(seed: int = 0) -> tuple[TinyNet, dict]:
     params = dict(variables["params"])
     params["fc"] = {"kernel": jnp.asarray(2 * mu.T), "bias": jnp.asarray(-(mu**2).sum(1))}
     return module, {"params": params}
+
+
+@functools.cache
+def shared() -> tuple[TinyNet, dict]:
+    """`create()`, made once per test process."""
+    return create()
+
+
+@functools.cache
+def calibration() -> np.ndarray:
+    """Four frames of each class: the calibration images of the tests."""
+    return np.concatenate([frames(4, k, seed=10 + k) for k in range(len(PALETTE))])

@@ -20,32 +20,22 @@ from dcjax.semantic import guard as guard_lib
 from dcjax.semantic.check import check_held_back, held_back
 from tests.semantic import models
 
-SHAPE = (models.SIZE, models.SIZE, 3)
+SHAPE = models.SHAPE
 INF = float("inf")
 
 
 @functools.cache
-def _model():
-    return models.create()
-
-
-@functools.cache
-def _calibration() -> np.ndarray:
-    return np.concatenate([models.frames(4, k, seed=10 + k) for k in range(len(models.PALETTE))])
-
-
-@functools.cache
 def _cached(tau: float, max_exits: int):
-    module, variables = _model()
+    module, variables = models.shared()
     sem = deepcache.SemanticConfig(tau=tau, max_exits=max_exits)
     config = deepcache.Config(semantic=sem, psnr_threshold=INF)
     cached = deepcache.transform(module, variables, frame_shape=SHAPE, config=config)
-    cached.calibrate(_calibration())
+    cached.calibrate(models.calibration())
     return cached
 
 
 def _full_class(frame) -> int:
-    module, variables = _model()
+    module, variables = models.shared()
     return int(np.argmax(np.asarray(module.apply(variables, jnp.asarray(frame)[None]))))
 
 
@@ -153,7 +143,7 @@ def test_the_held_back_check_passes_clustered_classes_and_fails_near_ties():
 
 
 def test_a_calibration_whose_exits_disagree_runs_without_exits_and_says_so():
-    module, variables = _model()
+    module, variables = models.shared()
     rng = np.random.default_rng(0)
     # images halfway between two classes: the model's top-1 flips with the noise
     mix = 0.5 * models.PALETTE[0] + 0.5 * models.PALETTE[1]
@@ -161,7 +151,7 @@ def test_a_calibration_whose_exits_disagree_runs_without_exits_and_says_so():
     config = deepcache.Config(semantic=deepcache.SemanticConfig(tau=-INF), psnr_threshold=INF)
     cached = deepcache.transform(module, variables, frame_shape=SHAPE, config=config)
     with pytest.warns(UserWarning, match="semantic exits switched off"):
-        cached.calibrate(np.concatenate([_calibration(), tied]))
+        cached.calibrate(np.concatenate([models.calibration(), tied]))
     check = cached.semantic_check
     assert not check.passed and check.held_back == 12 and check.agreement < 0.9
     state = cached.init()

@@ -13,18 +13,8 @@ import pytest
 from dcjax import deepcache, semantic
 from tests.semantic import models
 
-SHAPE = (models.SIZE, models.SIZE, 3)
+SHAPE = models.SHAPE
 INF = float("inf")
-
-
-@functools.cache
-def _model():
-    return models.create()
-
-
-@functools.cache
-def _calibration() -> np.ndarray:
-    return np.concatenate([models.frames(4, k, seed=10 + k) for k in range(len(models.PALETTE))])
 
 
 def _cached(tau: float, **cfg):
@@ -38,16 +28,16 @@ def _shared(tau: float, items: tuple):
 
 
 def _fresh(tau: float, **cfg):
-    module, variables = _model()
+    module, variables = models.shared()
     sem = {k: cfg.pop(k) for k in ("exit_points", "batch_axis", "max_fast") if k in cfg}
     config = deepcache.Config(semantic=deepcache.SemanticConfig(tau=tau, **sem), **cfg)
     cached = deepcache.transform(module, variables, frame_shape=SHAPE, config=config)
-    cached.calibrate(_calibration())
+    cached.calibrate(models.calibration())
     return cached
 
 
 def _ref(frame):
-    module, variables = _model()
+    module, variables = models.shared()
     return np.asarray(module.apply(variables, jnp.asarray(frame)[None]))
 
 
@@ -217,10 +207,10 @@ def test_vmap_with_batch_axis_keeps_conditionals_and_exits_together():
 
 
 def test_calibrate_averages_semantic_vectors_per_model_label():
-    module, variables = _model()
+    module, variables = models.shared()
     cached = _cached(0.3)
     memory = cached.init().semantic
-    images = _calibration()
+    images = models.calibration()
     _, inter = module.apply(
         variables, jnp.asarray(images), capture_intermediates=True, mutable=["intermediates"]
     )
@@ -238,9 +228,9 @@ def test_calibrate_averages_semantic_vectors_per_model_label():
 
 
 def test_semantic_features_are_the_full_model_and_feed_the_ceiling():
-    module, variables = _model()
+    module, variables = models.shared()
     cached = _cached(0.3)
-    images = _calibration()
+    images = models.calibration()
     outs, vecs, labels = cached.semantic_features(images, batch_size=5)  # a padded last batch
     _, inter = module.apply(
         variables, jnp.asarray(images), capture_intermediates=True, mutable=["intermediates"]
