@@ -8,6 +8,8 @@ What users call:
 - `Config`, `RefineConfig`, `SemanticConfig`: the settings (frozen, validated);
 - `Match`: a known match (motion and reuse mask) to pass to ``step``;
 - `CachedModel`, `CacheState`: the compiled model and its per-stream state;
+- `Streams` (``cached.streams(n, mesh=...)``): many streams stepped together,
+  pooled layer by layer, optionally split over devices and processes;
 - `exit_point`: mark a semantic exit point in a plain JAX function.
 
 Subpackages: `dcjax.matching` (block matchers), `dcjax.transforms` (the jaxpr
@@ -23,6 +25,7 @@ from dcjax.config import Config, RefineConfig, SemanticConfig  # noqa: E402
 from dcjax.deepcache import CachedModel, transform  # noqa: E402
 from dcjax.matching import Match  # noqa: E402
 from dcjax.state import CacheState  # noqa: E402
+from dcjax.streams import Streams  # noqa: E402
 from dcjax.transforms.exits import exit_point  # noqa: E402
 
 __all__ = [
@@ -32,6 +35,7 @@ __all__ = [
     "Match",
     "RefineConfig",
     "SemanticConfig",
+    "Streams",
     "__version__",
     "exit_point",
     "transform",

@@ -52,6 +52,7 @@ from dcjax.matching import Match, StreamMatcher
 from dcjax.plan import Plan, make_plan
 from dcjax.state import CacheState, init_state
 from dcjax.step import Step
+from dcjax.streams import Streams
 from dcjax.transforms.analysis import analyze
 from dcjax.transforms.records import DenseLayer, Layer
 from dcjax.transforms.spatial import Spatial
@@ -173,14 +174,42 @@ class CachedModel:
         convs = tuple(not never and (lp.keeps_cache or lp.chain is not None) for lp in plan.layers)
         return (*convs, *plan.updated_dense)
 
-    def init(self) -> CacheState:
-        """A fresh state: the first step recomputes everything."""
+    def init(self, *, refresh_phase: int = 0) -> CacheState:
+        """A fresh state: the first step recomputes everything.
+
+        ``refresh_phase`` (``0 <= refresh_phase < Config.refresh_every``) brings
+        the stream's first periodic refresh that many frames early, so that
+        streams started together refresh on different frames
+        (`dcjax.state.init_state`; `streams` staggers them this way).
+        """
+        every = self.config.refresh_every
+        if (
+            isinstance(refresh_phase, bool)
+            or not isinstance(refresh_phase, (int, np.integer))
+            or refresh_phase < 0
+            or (every is None and refresh_phase != 0)
+            or (every is not None and refresh_phase >= every)
+        ):
+            span = "0 (Config.refresh_every is None)" if every is None else f"0..{every - 1}"
+            raise ValueError(
+                f"dcjax: refresh_phase must be an int in {span}, got {refresh_phase!r}"
+            )
         return init_state(
             self.plan,
             key_shape=self._step.matcher.key_shape(self.frame_shape),
             out_avals=self._analysis.jaxpr.out_avals,
             semantic=None if self._semantic is None else self._semantic.memory,
+            refresh_phase=int(refresh_phase),
         )
+
+    def streams(
+        self, n: int, *, stagger: bool = True, mesh: Any = None, axis: str = "streams"
+    ) -> Streams:
+        """``n`` streams stepped together (`dcjax.streams.Streams`): stacked
+        states, one step for all of them that pools their dirty tiles layer by
+        layer, refreshes staggered over the streams (``stagger``), optionally
+        split over the ``axis`` of a `jax.sharding.Mesh`."""
+        return Streams(self, n, stagger=stagger, mesh=mesh, axis=axis)
 
     def step(
         self, state: CacheState, frame: jax.Array, match: Match | None = None

@@ -18,7 +18,14 @@ import jax.numpy as jnp
 
 from dcjax.plan import Plan
 
-__all__ = ["CacheState", "init_state"]
+__all__ = ["CacheState", "cache_shape", "init_state"]
+
+
+def cache_shape(out_shape: Sequence[int]) -> tuple[int, ...]:
+    """The shape a layer's cache is kept in: its output's, without a leading
+    batch axis of 1."""
+    out_shape = tuple(out_shape)
+    return out_shape[1:] if out_shape[:1] == (1,) else out_shape
 
 
 @jax.tree_util.register_dataclass
@@ -35,11 +42,18 @@ class CacheState:
             ``color="rgb"``), so each frame is converted once; with the other
             matchers it is the (H, W, C) frame in float32.
         has_prev: whether ``prev_frame`` and the caches can be reused.
-        since_refresh: frames since the last full recompute.
+        since_refresh: frames since the last full recompute; a fresh state
+            may start it at a phase (`init_state`'s ``refresh_phase``), which
+            the first frame's full recompute keeps, so that streams started
+            together refresh on different frames.
         frame_index: frames stepped so far.
         motion: the last frame's global motion (the next search starts there).
         caches: one cached output per reused layer, in ``CachedModel.layers``
-            order; None for a layer that keeps no cache (`LayerPlan.keeps_cache`:
+            order, without the layer's batch axis of 1 (`cache_shape`: under
+            `jax.vmap` over streams a size-1 axis behind the streams axis
+            leads XLA:CPU to lay the caches out apart from the state's
+            buffers and to copy every cache in and out on every step); None
+            for a layer that keeps no cache (`LayerPlan.keeps_cache`:
             a leaf of the state is an output of the step, which XLA gives a
             buffer of its own, so a layer computed in full carries nothing).
         layer_valid: per layer, whether its cache holds the previous frame's
@@ -82,6 +96,7 @@ def init_state(
     key_shape: Sequence[int],
     out_avals: Sequence[Any],
     semantic: Any = None,
+    refresh_phase: int = 0,
 ) -> CacheState:
     """A fresh state for ``plan``: the first step recomputes everything.
 
@@ -90,6 +105,11 @@ def init_state(
         key_shape: the shape of the matcher's key (`StreamMatcher.key_shape`).
         out_avals: the model's flat outputs (kept for still frames).
         semantic: the initial semantic memory, with semantic exits.
+        refresh_phase: how many frames early the stream's first periodic
+            refresh comes (``Config.refresh_every``): the first frame is
+            recomputed in full as always, the next full recompute comes
+            ``refresh_every - refresh_phase`` frames later instead of
+            ``refresh_every``, and every ``refresh_every`` frames after that.
 
     Returns:
         A state of fresh buffers (a state is consumed, donated, by the step it
@@ -99,11 +119,11 @@ def init_state(
     state = CacheState(
         prev_frame=jnp.zeros(tuple(key_shape), jnp.float32),
         has_prev=jnp.bool_(False),
-        since_refresh=jnp.int32(0),
+        since_refresh=jnp.int32(refresh_phase),
         frame_index=jnp.int32(0),
         motion=jnp.zeros((2,), jnp.int32),
         caches=tuple(
-            jnp.zeros(lp.layer.out_shape, lp.layer.dtype) if lp.keeps_cache else None
+            jnp.zeros(cache_shape(lp.layer.out_shape), lp.layer.dtype) if lp.keeps_cache else None
             for lp in plan.layers
         ),
         layer_valid=jnp.zeros((n,), bool),

@@ -309,7 +309,12 @@ class Step:
                 finite, self.matcher.next_key(state.prev_frame, key, r0, motion), state.prev_frame
             ),
             has_prev=finite,
-            since_refresh=jnp.where(refresh, 1, state.since_refresh + 1).astype(jnp.int32),
+            # the first frame's full recompute keeps a fresh state's refresh phase
+            since_refresh=jnp.where(
+                refresh,
+                jnp.where(state.frame_index == 0, state.since_refresh + 1, 1),
+                state.since_refresh + 1,
+            ).astype(jnp.int32),
             frame_index=state.frame_index + 1,
             motion=jnp.where(finite, motion, state.motion),
             caches=tuple(p.caches),
@@ -392,6 +397,14 @@ class Step:
         """The network on one frame with reuse: outputs, caches and what the step reports."""
         plan = self.plan
         n_layers = len(plan.layers)
+        kept = state.caches  # in the state's shapes (`cache_shape`)
+        state = dataclasses.replace(
+            state,
+            caches=tuple(
+                c if c is None else c.reshape(lp.layer.out_shape)
+                for c, lp in zip(kept, plan.layers, strict=True)
+            ),
+        )
         policy = _CachePolicy(plan, self.config, state, ctx, refresh)
         args, masks = [*leaves, x[None]], [True] * len(leaves) + [r0]
         refs, ref_scale = tuple(state.refs), state.ref_scale
@@ -419,6 +432,9 @@ class Step:
             )
             reuse_fraction = jnp.stack(fractions) if fractions else jnp.zeros((0,), jnp.float32)
             outs, caches = tuple(outs), tuple(caches)
+        caches = tuple(
+            c if c is None else c.reshape(k.shape) for c, k in zip(caches, kept, strict=True)
+        )
         return Pass(
             outs=outs, caches=caches, reuse_fraction=reuse_fraction, layer_valid=layer_valid,
             semantic=semantic, semantic_info=semantic_info, refs=refs, ref_scale=ref_scale,

@@ -14,7 +14,9 @@ Each program is a module here with ``main(argv) -> int`` (its own options,
 - `dcjax.bench.zoo`: the model zoo's parameters, FLOPs, dense latency and
   cache memory;
 - `dcjax.bench.semantic`: semantic early exits (tau sweep, exit rates, exit ceiling);
-- `dcjax.bench.ceiling`: ideal speedup against fidelity with every reuse taken.
+- `dcjax.bench.ceiling`: ideal speedup against fidelity with every reuse taken;
+- `dcjax.bench.streams`: many streams at once (`dcjax.streams`): throughput,
+  mean and p99 times and speedups by number of streams.
 
 ``dcjax bench`` without a program is the paper's evaluation
 (`dcjax.bench.evaluation`). The helpers the programs and the command share
@@ -33,4 +35,5 @@ PROGRAMS: dict[str, str] = {
     "zoo": "the model zoo: parameters, FLOPs, latency, cache memory",
     "semantic": "semantic exits: tau sweep, exit rates, exit ceiling",
     "ceiling": "ideal speedup against fidelity with every reuse taken",
+    "streams": "many streams at once: throughput, mean and p99 by number of streams",
 }

@@ -3,11 +3,13 @@
 - Arguments: `ArgumentParser`, whose errors are one line naming the argument,
   ``dcjax: error: argument --frames: ... (see dcjax run --help)``, with exit
   status 2; argument types (`number` and the ready-made ones below it,
-  `comma_list`); checks of what a command names, made before any model loads:
-  `check_model`, `check_method` (and `method_errors` for what a method refuses
-  once the model is there), `check_video`, `check_output`.
-- Frames: `load_clip` (a video that breaks part way runs on what decoded, with
-  `warn_truncated`'s line on stderr).
+  `comma_list`, `frame_size`); checks of what a command names, made before any
+  model loads: `check_model`, `check_method` (and `method_errors` for what a
+  method refuses once the model is there), `check_video`, `check_output`,
+  `check_input_size` (a frame size a model takes).
+- Frames: `input_size` (what ``--size`` / ``--native`` ask for), `load_clip`
+  (a video that breaks part way runs on what decoded, with `warn_truncated`'s
+  line on stderr).
 - Output: `table` (rows of cells as aligned text), `write_json`, `machine` (the
   machine and JAX a result was measured on), `progress` (a progress bar).
 - Timing: `time_interleaved`, the median and minimum of interleaved calls.
@@ -25,6 +27,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -36,13 +39,16 @@ __all__ = [
     "Timed",
     "Timing",
     "at_least",
+    "check_input_size",
     "check_method",
     "check_model",
     "check_output",
     "check_video",
     "comma_list",
     "unit_interval",
+    "frame_size",
     "frames_int",
+    "input_size",
     "load_clip",
     "machine",
     "message",
@@ -113,6 +119,22 @@ nonnegative_float = number(
 positive_float = number(float, lambda v: v > 0, "must be a positive number")
 unit_interval = number(float, lambda v: 0 <= v <= 1, "must be a number in [0, 1]")
 width = number(float, lambda v: 0 < v <= 4, "must be in (0, 4]")
+
+
+def frame_size(text: str) -> tuple[int, int]:
+    """An argparse ``type``: a frame size ``HxW``, height by width in pixels
+    (``576x768``), as ``(H, W)``."""
+    found = re.fullmatch(r"\s*([-+]?\d+)\s*[xX]\s*([-+]?\d+)\s*", text)
+    if found is None:
+        raise argparse.ArgumentTypeError(
+            f"must be HxW, height by width in pixels (e.g. 576x768), got {text!r}"
+        )
+    h, w = int(found[1]), int(found[2])
+    if h < 1 or w < 1:
+        raise argparse.ArgumentTypeError(
+            f"height and width must be positive numbers of pixels, got {text!r}"
+        )
+    return h, w
 
 
 def comma_list(item: Callable[[str], Any]) -> Callable[[str], list]:
@@ -203,6 +225,26 @@ def check_video(
     return resolved
 
 
+def check_input_size(
+    parser: argparse.ArgumentParser,
+    arg: str,
+    model: str,
+    size: Sequence[int],
+    *,
+    width: float = 1.0,
+    source: str = "",
+) -> None:
+    """A frame size (H, W) zoo ``model`` can be built for
+    (`dcjax.eval.harness.input_size_error`: any size that leaves each layer a
+    pixel), else a one-line error naming ``arg``, ``source`` (e.g. the video
+    whose size it is) first, and the nearest size the model takes."""
+    from dcjax.eval.harness import input_size_error
+
+    problem = input_size_error(model, size, width=width)
+    if problem is not None:
+        parser.error(f"argument {arg}: {source}{problem}")
+
+
 def check_output(
     parser: argparse.ArgumentParser, arg: str, path: str | None, kind: str = "file"
 ) -> None:
@@ -244,8 +286,21 @@ def warn_truncated(error: Exception, kept: int) -> None:
           file=sys.stderr, flush=True)  # fmt: skip
 
 
-def load_clip(path: str, frame_shape: Sequence[int], *, frames: int, start: int = 0) -> Any:
-    """The frames a command runs on (`dcjax.eval.harness.load_frames`); a truncated
+def input_size(args: argparse.Namespace, path: str) -> tuple[int, int] | None:
+    """The frame size (H, W) a command runs at, as its ``--size`` and
+    ``--native`` say: the size given, the video at ``path``'s own, or None
+    for the model's published input size."""
+    if getattr(args, "native", False):
+        from dcjax import video
+
+        return video.info(path).size
+    size = getattr(args, "size", None)
+    return None if size is None else tuple(size)
+
+
+def load_clip(path: str, frame_shape: Sequence[int] | None, *, frames: int, start: int = 0) -> Any:
+    """The frames a command runs on (`dcjax.eval.harness.load_frames`): resized to
+    ``frame_shape`` (H, W, ...), or at the video's own size for None; a truncated
     video keeps the frames decoded before the break, with a warning."""
     from dcjax.eval import harness
 

@@ -1,7 +1,8 @@
 """The paper's evaluation as a function: models x videos x methods -> records.
 
 `run_bench` is what ``dcjax bench`` runs: for every (model, video) pair it
-decodes the frames at the model's input size and calls
+decodes the frames at the model's input size (or at a size given, or at each
+video's own size, the model built for it) and calls
 `dcjax.eval.harness.evaluate` with the requested methods (plus DeepCache
 variants for the threshold and block-size sweeps, refinement variants for the
 ``delta`` sweep), collecting one record per
@@ -23,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -192,6 +193,7 @@ def run_bench(
     on_record: Callable[[dict[str, Any]], None] | None = None,
     profile: bool = False,
     on_truncated: Callable[[video.TruncatedVideoError, int], None] | None = None,
+    input_size: tuple[int, int] | Literal["native"] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run the evaluation.
 
@@ -216,6 +218,11 @@ def run_bench(
             frames`` (`harness.load_frames`): None raises; otherwise it is
             called, once per model, and the frames decoded before the break
             are run.
+        input_size: (H, W): every model built for frames of that size and
+            every video decoded at it; ``"native"``: each video at its own
+            size, not resized, the model built for it; None: each model's
+            published input size (videos resized to it). Records say the size
+            they ran at (``frame_shape``).
 
     Returns:
         ``(records, matcher_rows)``.
@@ -224,20 +231,30 @@ def run_bench(
     records: list[dict[str, Any]] = []
     matcher_rows: list[dict[str, Any]] = []
     paths = {v: video.resolve(v) for v in videos}
+    native = input_size == "native"
     for name in model_names:
         spec_info = models.info(name)
         use_pretrained = spec_info.pretrained if pretrained == "auto" else bool(pretrained)
         use_pretrained = bool(use_pretrained and width == 1.0)
-        base = None
-        cache: dict[str, Any] = {}  # variant -> runner, shared across videos
+        bases: dict[Any, Any] = {}  # frame size -> the model built for it
+        caches: dict[Any, dict[str, Any]] = {}  # frame size -> variant -> runner
         for v in videos:
-            fps = float(video.info(paths[v]).fps or 10.0)
-            if base is None:
-                base = harness.model_spec(name, pretrained=use_pretrained, width=width, fps=fps)
+            stored = video.info(paths[v])
+            fps = float(stored.fps or 10.0)
+            size = stored.size if native else input_size
+            if size is not None:
+                size = (int(size[0]), int(size[1]))
+            if size not in bases:
+                bases[size] = harness.model_spec(name, pretrained=use_pretrained, width=width,
+                                                 fps=fps, input_size=size)  # fmt: skip
+            base = bases[size]
             spec = base if fps == base.fps else dataclasses.replace(base, fps=fps)
             # Runners whose config records the frame rate (DeepMon's expiry) depend on it.
-            cache = {k: r for k, r in cache.items() if r.config.get("fps", fps) == fps}
-            clip = harness.load_frames(paths[v], spec.frame_shape, frames=frames, start=start,
+            cache = {k: r for k, r in caches.get(size, {}).items()
+                     if r.config.get("fps", fps) == fps}  # fmt: skip
+            caches[size] = cache  # shared across the videos of this size
+            clip = harness.load_frames(paths[v], None if native else spec.frame_shape,
+                                       frames=frames, start=start,
                                        on_truncated=on_truncated)  # fmt: skip
             ev = harness.evaluate(spec, clip, variants, video_label=v, progress=progress,
                                   runner_cache=cache)  # fmt: skip

@@ -19,6 +19,13 @@ Subcommands:
   ``ceiling``), with options of its own.
 - ``dcjax models``: the zoo with input shapes, parameters and FLOPs.
 
+``demo``, ``run``, ``bench`` and ``profile`` resize the frames to the model's
+published input unless ``--size HxW`` builds the model for frames of that
+size (decoded at it) or ``--native`` for each video's own size (not resized);
+every zoo model takes any size that leaves each layer a pixel
+(`dcjax.eval.harness.input_size_error`), and the records say the
+``frame_shape`` they ran at.
+
 A bad argument is reported on one line, naming the argument, with exit
 status 2 (``dcjax: error: argument --frames: ...``), before any model loads:
 videos included (a file FFmpeg cannot read, or with fewer frames from

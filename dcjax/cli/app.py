@@ -34,8 +34,27 @@ def _add_size_args(p: argparse.ArgumentParser) -> None:
                         "kernels' loops, so speedups depend on it")  # fmt: skip
 
 
-def _add_video_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("video", metavar="VIDEO", help="video file (or bundled clip name)")
+def _add_frame_size_args(p: argparse.ArgumentParser, native: str, what: str = "the model") -> None:
+    """``--size HxW`` and ``--native`` (one or the other; without either, frames
+    are resized to the model's published input size, as ``dcjax models`` lists)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--size", type=common.frame_size, metavar="HxW",
+                       help=f"build {what} for HxW frames (e.g. 576x768) and decode the "
+                            "frames at that size (default: resized to the model's published "
+                            "input, see dcjax models); any size that leaves each layer a "
+                            "pixel, whether or not the model's strides divide it; models "
+                            "with a dense head on flattened features (alexnet, vgg16, "
+                            "yolo_tiny, dave) get random weights made for it")  # fmt: skip
+    group.add_argument("--native", action="store_true", help=native)
+
+
+def _add_video_model_args(p: argparse.ArgumentParser, *, many: bool = False) -> None:
+    if many:
+        p.add_argument("video", metavar="VIDEO", nargs="+",
+                       help="video file (or bundled clip name); several run as streams of "
+                            "one batch (the deepcache method)")  # fmt: skip
+    else:
+        p.add_argument("video", metavar="VIDEO", help="video file (or bundled clip name)")
     p.add_argument("--model", required=True, help="zoo model (see dcjax models)")
     p.add_argument("--pretrained", action="store_true", help="real weights (efficientnet_lite0)")
     p.add_argument("--start", type=common.nonnegative_int, default=0, help="frames to skip first")
@@ -71,14 +90,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--out", default="dcjax-demo", help="output directory")
     demo.add_argument("--no-pretrained", action="store_true", help="random weights")
+    _add_frame_size_args(demo, "the clip's own frame size (vtest: 288x384): the model built "
+                               "for it, the frames not resized")  # fmt: skip
     _add_size_args(demo)
 
-    run = sub.add_parser("run", help="one model and method on a video")
-    _add_video_model_args(run)
+    run = sub.add_parser("run", help="one model and method on a video, or on several as streams")
+    _add_video_model_args(run, many=True)
     run.add_argument("--method", default="deepcache", help="method spec (default deepcache)")
     run.add_argument("--frames", type=common.frames_int, default=100, help="frames (default 100)")
     run.add_argument("--json", metavar="PATH", help="write the metrics records here")
     run.add_argument("--out", metavar="PATH", help="write the frames with the reuse mask here")
+    run.add_argument("--outputs", metavar="PATH",
+                     help="several videos: each stream's outputs here (.npz)")  # fmt: skip
+    _add_frame_size_args(run, "the video's own frame size: the model built for it, the "
+                              "frames not resized")  # fmt: skip
     _add_size_args(run)
 
     bench = sub.add_parser(
@@ -171,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="also time every method layer by layer on the same frames (as dcjax profile "
         "does): the records get the times and the report a table of where the time went",
     )
+    _add_frame_size_args(bench, "each video at its own frame size, not resized, with every "
+                                "model built for it", what="every model")  # fmt: skip
     _add_size_args(bench)
 
     prof = sub.add_parser("profile", help="where each method's time goes, layer by layer")
@@ -189,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="frames, the first 5 untimed (default 20)",
     )
     prof.add_argument("--json", metavar="PATH", help="write the profiles here")
+    _add_frame_size_args(prof, "the video's own frame size: the model built for it, the "
+                               "frames not resized")  # fmt: skip
     _add_size_args(prof)
 
     sub.add_parser("models", help="the model zoo with input shapes and FLOPs")

@@ -1,6 +1,8 @@
 """``dcjax bench`` with no program: the paper's evaluation (Section 7).
 
-Every model x video x method, optional sweeps (`dcjax.bench.evaluation.run_bench`);
+Every model x video x method, optional sweeps (`dcjax.bench.evaluation.run_bench`),
+at each model's published input size, at ``--size``, or with ``--native`` at
+each video's own size (checked against every model first);
 each record is written to the JSON as it comes, with the machine's CPU count and
 ``XLA_FLAGS``; a summary table is printed and, with ``--report``, the HTML
 report written. Ctrl-C says how many records are kept and where (and writes
@@ -29,8 +31,8 @@ def bench_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int
     methods = args.methods or list(evaluation.DEFAULT_METHODS)
     for m in methods:
         common.check_method(sub, "--methods", m)
-    for v in args.videos:
-        common.check_video(sub, "--videos", v, args.start)
+    paths = [common.check_video(sub, "--videos", v, args.start) for v in args.videos]
+    _check_input_sizes(sub, args, model_names, paths)
     common.check_output(sub, "--json", args.json)
     common.check_output(sub, "--report", args.report)
     matchers = args.matchers
@@ -84,6 +86,7 @@ def bench_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int
             deltas=args.deltas,
             matchers=matchers or (), progress=not args.no_progress, on_record=keep,
             profile=args.profile, on_truncated=warn_once,
+            input_size="native" if args.native else args.size,
         )  # fmt: skip
     for record in records_out:  # the same, for records not passed to `keep`
         record["cpus"] = cpus
@@ -99,6 +102,26 @@ def bench_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int
     if args.report:
         print(f"wrote {report_to(records_out)}")
     return 0
+
+
+def _check_input_sizes(
+    sub: argparse.ArgumentParser, args: argparse.Namespace, models: list[str], paths: list[str]
+) -> None:
+    """Every model takes the frame size it will run at: ``--size``, or with
+    ``--native`` each video's own (checked before any model loads)."""
+    if args.size is not None:
+        for m in models:
+            common.check_input_size(sub, "--size", m, args.size, width=args.width)
+    elif args.native:
+        from dcjax import video
+
+        sizes: dict[tuple[int, int], str] = {}  # each size once, named by its first video
+        for p, v in zip(paths, args.videos, strict=True):
+            sizes.setdefault(tuple(video.info(p).size), v)
+        for m in models:
+            for (h, w), v in sizes.items():
+                common.check_input_size(sub, "--native", m, (h, w), width=args.width,
+                                        source=f"{v} is {h}x{w}: ")  # fmt: skip
 
 
 @contextlib.contextmanager

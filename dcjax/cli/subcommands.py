@@ -109,19 +109,42 @@ def nothing_sparse_note(record: dict[str, Any]) -> str:
     )
 
 
-def load_spec(name: str, *, pretrained: bool, width: float, fps: float, quiet: bool = False):
+def load_spec(
+    name: str,
+    *,
+    pretrained: bool,
+    width: float,
+    fps: float,
+    quiet: bool = False,
+    input_size: tuple[int, int] | None = None,
+):
+    """The model a command runs, built for ``input_size`` frames (None: its
+    published input), and whether its weights are pretrained."""
     from dcjax.eval.harness import model_spec
 
     if pretrained and width != 1.0:
         pretrained = False
+    kwargs = {"width": width, "fps": fps, "input_size": input_size}
     try:
-        return model_spec(name, pretrained=pretrained, width=width, fps=fps), pretrained
+        return model_spec(name, pretrained=pretrained, **kwargs), pretrained
     except Exception as e:  # missing extra or weights: degrade, loudly
         if not pretrained:
             raise
         print(f"dcjax: pretrained {name} unavailable ({type(e).__name__}: {e}); "
               "using random weights", file=sys.stderr)  # fmt: skip
-        return model_spec(name, pretrained=False, width=width, fps=fps), False
+        return model_spec(name, pretrained=False, **kwargs), False
+
+
+def _input_size(sub, args, model: str, path: str, label: str) -> tuple[int, int] | None:
+    """The frame size ``--size`` / ``--native`` ask for (None: neither), checked
+    against the model before it loads."""
+    size = common.input_size(args, path)
+    if size is not None and args.native:
+        common.check_input_size(sub, "--native", model, size, width=args.width,
+                                source=f"{label} is {size[0]}x{size[1]}: ")  # fmt: skip
+    elif size is not None:
+        common.check_input_size(sub, "--size", model, size, width=args.width)
+    return size
 
 
 def models_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -143,6 +166,7 @@ def demo_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     common.check_method(sub, "--method", args.method)
     path = common.check_video(sub, "--video", args.video)
     common.check_output(sub, "--out", args.out, "dir")
+    size = _input_size(sub, args, args.model, path, args.video)
     import numpy as np
 
     from dcjax import models, video
@@ -150,8 +174,8 @@ def demo_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     fps = video.info(path).fps or 10.0
     spec, pretrained = load_spec(args.model, pretrained=not args.no_pretrained,
-                                  width=args.width, fps=fps)  # fmt: skip
-    frames = common.load_clip(path, spec.frame_shape, frames=args.frames)
+                                  width=args.width, fps=fps, input_size=size)  # fmt: skip
+    frames = _load(path, spec, args, frames=args.frames)
     weights = "pretrained" if pretrained else "random-weight"
     print(f"dcjax demo: {weights} {args.model} on {args.video} ({len(frames)} frames at "
           f"{spec.frame_shape[0]}x{spec.frame_shape[1]}), without and with {args.method}; "
@@ -208,17 +232,26 @@ def demo_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if len(args.video) > 1:
+        from dcjax.cli.streams_run import streams_run_command
+
+        return streams_run_command(sub, args)
+    args.video = args.video[0]
+    if args.outputs:
+        sub.error("argument --outputs: with several videos only (one video: --json, --out)")
     common.check_model(sub, "--model", args.model)
     common.check_method(sub, "--method", args.method)
     path = common.check_video(sub, "VIDEO", args.video, args.start)
     common.check_output(sub, "--json", args.json)
     common.check_output(sub, "--out", args.out, "video")
+    size = _input_size(sub, args, args.model, path, args.video)
     from dcjax import video
     from dcjax.eval import harness
 
     fps = video.info(path).fps or 10.0
-    spec, _ = load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=fps)
-    frames = common.load_clip(path, spec.frame_shape, frames=args.frames, start=args.start)
+    spec, _ = load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=fps,
+                        input_size=size)  # fmt: skip
+    frames = _load(path, spec, args, frames=args.frames, start=args.start)
     print(f"{args.model} on {args.video}: {len(frames)} frames from frame {args.start} at "
           f"{spec.frame_shape[0]}x{spec.frame_shape[1]}, nocache and {args.method}",
           flush=True)  # fmt: skip
@@ -249,10 +282,12 @@ def profile_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> i
         sub.error(f"argument --frames: needs more than {PROFILE_WARMUP} (those are untimed)")
     path = common.check_video(sub, "VIDEO", args.video, args.start, need=PROFILE_WARMUP + 1)
     common.check_output(sub, "--json", args.json)
+    size = _input_size(sub, args, args.model, path, args.video)
     from dcjax.eval import profile, registry
 
-    spec, _ = load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=10.0)
-    frames = common.load_clip(path, spec.frame_shape, frames=args.frames, start=args.start)
+    spec, _ = load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=10.0,
+                        input_size=size)  # fmt: skip
+    frames = _load(path, spec, args, frames=args.frames, start=args.start)
     results = []
     todo = common.progress(args.methods, desc=f"profiling {args.model}", unit="method",
                            quiet=args.no_progress)  # fmt: skip
@@ -266,11 +301,19 @@ def profile_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> i
             sub.error(f"argument --methods: {e}")
     print(_profile_table(results))
     if args.json:
-        out = [{"model": args.model, "video": args.video, "method": m, **p.as_dict()}
-               for m, p in results]  # fmt: skip
+        shape = [int(d) for d in spec.frame_shape]
+        out = [{"model": args.model, "video": args.video, "method": m, "frame_shape": shape,
+                **p.as_dict()} for m, p in results]  # fmt: skip
         common.write_json(args.json, out)
         print(f"wrote {args.json}")
     return 0
+
+
+def _load(path: str, spec, args: argparse.Namespace, *, frames: int, start: int = 0):
+    """The frames at the model's frame size; with ``--native`` decoded as stored
+    (``spec`` was built for the video's size), not resized."""
+    shape = None if args.native else spec.frame_shape
+    return common.load_clip(path, shape, frames=frames, start=start)
 
 
 def _profile_table(results) -> str:

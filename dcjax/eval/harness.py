@@ -31,8 +31,10 @@
    reference of every fidelity metric), and ``plain`` in both its forms, the
    model as users write it (``speedup_vs_plain``, the faster form).
 
-`model_spec` builds a `ModelSpec` for a zoo model; `load_frames` decodes a
-video (a path or a bundled clip name) at a model's input size.
+`model_spec` builds a `ModelSpec` for a zoo model, at its published input
+size or another (``input_size``: every zoo model takes any frame size its
+layers leave a pixel of, `input_size_error`); `load_frames` decodes a video (a
+path or a bundled clip name) at a model's input size, or at its own.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ __all__ = [
     "evaluate",
     "first_leaf",
     "input_masks",
+    "input_size_error",
     "load_frames",
     "model_spec",
     "zoo_table",
@@ -69,14 +72,15 @@ BASELINES = ("nocache", "plain")
 
 def load_frames(
     path: str,
-    frame_shape: Sequence[int],
+    frame_shape: Sequence[int] | None,
     *,
     frames: int,
     start: int = 0,
     mode: str = "resize",
     on_truncated: Callable[[video.TruncatedVideoError, int], None] | None = None,
 ) -> np.ndarray:
-    """Decode up to ``frames`` frames of ``path`` resized to ``frame_shape``.
+    """Decode up to ``frames`` frames of ``path`` resized to ``frame_shape``
+    ((H, W, ...)), or with ``frame_shape=None`` at the video's own size.
 
     Args:
         on_truncated: what to do when the stream breaks before ``frames``
@@ -88,10 +92,10 @@ def load_frames(
     Returns:
         uint8 (T, H, W, 3).
     """
-    h, w = int(frame_shape[0]), int(frame_shape[1])
+    size = None if frame_shape is None else (int(frame_shape[0]), int(frame_shape[1]))
     out: list[np.ndarray] = []
     try:
-        for frame in video.read(video.resolve(path), size=(h, w), max_frames=frames,
+        for frame in video.read(video.resolve(path), size=size, max_frames=frames,
                                 start=start, mode=mode):  # fmt: skip
             out.append(frame)
     except video.TruncatedVideoError as e:
@@ -112,7 +116,13 @@ def model_spec(
     fps: float = 10.0,
     seed: int = 0,
 ) -> ModelSpec:
-    """A `ModelSpec` for zoo model ``name`` with its own per-pixel preprocessing."""
+    """A `ModelSpec` for zoo model ``name`` with its own per-pixel preprocessing.
+
+    ``input_size`` (H, W) builds it for frames of that size instead of its
+    published input (`input_size_error` says which sizes it takes); a model
+    with a dense head on flattened features gets random weights of that size's
+    shapes, pretrained ``efficientnet_lite0`` the same weights at every size.
+    """
     kwargs: dict[str, Any] = {"pretrained": pretrained, "seed": seed}
     if width != 1.0:
         kwargs["width"] = width
@@ -128,6 +138,79 @@ def model_spec(
         preprocess=lambda f, _n=name: models.preprocess(_n, f),
         fps=fps,
     )
+
+
+def _has_empty_value(jaxpr) -> bool:
+    """Whether an operation of ``jaxpr`` (nested jaxprs included) makes an empty array."""
+    from dcjax.transforms.calls import sub_jaxpr
+
+    for eqn in jaxpr.eqns:
+        sub = sub_jaxpr(eqn)
+        if sub is not None and _has_empty_value(sub.jaxpr):
+            return True
+        if any(0 in getattr(v.aval, "shape", ()) for v in eqn.outvars):
+            return True
+    return False
+
+
+def _takes_size(name: str, size: Sequence[int], width: float) -> bool:
+    """Whether zoo model ``name`` builds and runs on (H, W) ``size`` frames with a
+    pixel left in every layer (traced, nothing computed)."""
+    spec = models.info(name)
+    module = spec.factory(num_classes=spec.num_classes, width=width)
+    x = jax.ShapeDtypeStruct((1, int(size[0]), int(size[1]), 3), jnp.float32)
+    try:  # a layer left with no pixel: a dense head's initialiser divides by 0
+        closed = jax.make_jaxpr(lambda x: module.init_with_output(jax.random.PRNGKey(0), x))(x)
+    except (ArithmeticError, ValueError, TypeError):
+        return False
+    return not _has_empty_value(closed.jaxpr)
+
+
+def input_size_error(name: str, input_size: Sequence[int], *, width: float = 1.0) -> str | None:
+    """Why zoo model ``name`` cannot be built for (H, W) ``input_size`` frames, or None.
+
+    Every zoo model takes any frame size at which each of its layers keeps at
+    least one pixel, whether or not its strides divide the size: the models
+    that pool globally run the same weights, those with a dense head on
+    flattened features are built with a head of that size's shape; DeepCache's
+    exactness invariants (tests/models/test_zoo_transform.py's stream) hold
+    for every zoo model at sizes no stride divides as well (checked at
+    70x90, 70x101, 110x125 and 140x150). A smaller size gets a message naming
+    the nearest size the model takes, found by tracing the model (nothing is
+    computed).
+    """
+    h, w = int(input_size[0]), int(input_size[1])
+    if _takes_size(name, (h, w), width):
+        return None
+    published = models.input_shape(name)[:2]
+    nearest = [h, w]
+    for axis in (0, 1):
+        probe = list(published)
+        probe[axis] = nearest[axis]
+        if _takes_size(name, probe, width):
+            continue
+        lo, top = nearest[axis], max(nearest[axis], published[axis])
+        hi = min(max(2 * lo, lo + 1), top)  # the smallest size taken is near: gallop
+        while hi < top and not _takes_size(name, _at(probe, axis, hi), width):
+            lo, hi = hi, min(2 * hi, top)
+        if hi == top and not _takes_size(name, _at(probe, axis, hi), width):
+            continue
+        while hi - lo > 1:  # lo fails, hi works
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if _takes_size(name, _at(probe, axis, mid), width) else (mid, hi)
+        nearest[axis] = hi
+    if not _takes_size(name, nearest, width):  # the axes are not independent after all
+        nearest = list(published)
+    return (
+        f"{h}x{w} frames are too small for {name} (a layer would have no pixel left); "
+        f"the nearest size it takes is {nearest[0]}x{nearest[1]}"
+    )
+
+
+def _at(size: Sequence[int], axis: int, value: int) -> list[int]:
+    out = list(size)
+    out[axis] = value
+    return out
 
 
 @dataclasses.dataclass

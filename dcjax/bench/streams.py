@@ -1,0 +1,289 @@
+"""Many streams at once: ``dcjax bench streams``.
+
+    dcjax bench streams --model resnet50 --video vtest --streams 1 4 8
+
+For each number of streams N, the N streams are one video at different time
+offsets (stream i starts ``i * offset`` frames in), stepped together, and
+four methods run on the same frames in one process, interleaved frame by
+frame (the order rotating):
+
+- ``plain``: ``jax.jit(model.apply)`` on the batch of N frames;
+- ``dense``: dcjax's dense lowering (the ``nocache`` method) under
+  ``jax.vmap`` over the N frames;
+- ``deepcache``: `dcjax.streams.Streams` with staggered refreshes;
+- ``deepcache_sync``: the same compiled step with every stream refreshing on
+  the same frames (no stagger), for the latency it costs.
+
+Per method and N the records give ``mean_ms`` (the mean time of a step over
+N: a frame's cost), ``throughput_fps`` (frames of all streams a second),
+``p99_ms`` and ``step_mean_ms`` (a step's latency, which every frame of the
+batch waits for), ``speedup_vs_plain`` and ``speedup_vs_dense`` (ratios of
+mean times against the baselines at the same N), and for the cached methods
+the ``ideal`` speedup (total FLOPs over the FLOPs the streams' frames
+computed, from an untimed pass with statistics over the same frames), the
+``still_fraction`` (stream frames whose input was wholly reusable with no
+motion), the ``refresh_fraction`` and the ``top1_agreement`` with the dense
+outputs. Records go to ``bench-results/streams.json``; ``--report PATH``
+plots throughput against N.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dcjax.bench.common import (
+    at_least,
+    check_input_size,
+    check_model,
+    check_output,
+    check_video,
+    frame_size,
+    input_size,
+    load_clip,
+    machine,
+    nonnegative_int,
+    program_parser,
+    progress,
+    table,
+    width,
+    write_json,
+)
+
+__all__ = ["METHODS", "main", "run", "stream_clips"]
+
+#: The methods measured at each number of streams.
+METHODS = ("plain", "dense", "deepcache", "deepcache_sync")
+
+
+def stream_clips(frames: np.ndarray, n: int, length: int, offset: int) -> np.ndarray:
+    """(length, n, H, W, C): stream i is ``frames[i * step : i * step + length]``,
+    with ``step`` the requested ``offset`` or less, so that every stream fits
+    in the decoded frames."""
+    if len(frames) < length:
+        raise ValueError(f"dcjax: {len(frames)} frames decoded; {length} needed")
+    step = offset if n == 1 else min(offset, (len(frames) - length) // (n - 1))
+    return np.stack([frames[i * step : i * step + length] for i in range(n)], axis=1)
+
+
+def _methods(spec, config) -> dict[str, Any]:
+    """Per method ``(init(n, stagger), step(state, frames) -> (out, state, info))``."""
+    import jax
+
+    from dcjax.eval import methods
+
+    module, variables, preprocess = spec.module, spec.variables, spec.preprocess
+    plain = jax.jit(lambda v, f: module.apply(v, preprocess(f)))
+    apply, leaves = methods.fast_apply(spec)
+    dense = jax.jit(jax.vmap(apply, in_axes=(None, 0)))
+    cached = methods.transform(spec, config)
+    by_n: dict[int, Any] = {}
+
+    def streams(n):
+        if n not in by_n:
+            by_n[n] = cached.streams(n)
+        return by_n[n]
+
+    def cached_init(stagger):
+        return lambda n: streams(n).init(stagger=stagger)
+
+    def cached_step(state, frames):
+        return streams(frames.shape[0]).step(state, frames)
+
+    return {
+        "plain": (lambda n: None, lambda s, f: (plain(variables, f), s, None)),
+        "dense": (lambda n: None, lambda s, f: (dense(leaves, f), s, None)),
+        "deepcache": (cached_init(True), cached_step),
+        "deepcache_sync": (cached_init(False), cached_step),
+    }, cached
+
+
+def _statistics(spec, config, clips: np.ndarray) -> dict[str, np.ndarray]:
+    """Per stream frame (T, N): FLOP ratio, still and refreshed, from an
+    untimed pass with statistics, each stream stepped alone (streams are
+    independent; the stagger only moves the refreshes)."""
+    from dcjax.eval import methods
+
+    cached = methods.transform(spec, dataclasses.replace(config, statistics=True))
+    out = {"flops_ratio": [], "skipped": [], "refreshed": []}
+    for i in range(clips.shape[1]):
+        _, _, infos = cached.run(clips[:, i])
+        for k in out:
+            out[k].append(np.asarray(infos[k]))
+    return {k: np.stack(v, axis=1) for k, v in out.items()}
+
+
+def _agreement(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Top-1 agreement of two output stacks (…, classes), None for one output value."""
+    if a.shape[-1] < 2:
+        return None
+    return float(np.mean(a.argmax(-1) == b.argmax(-1)))
+
+
+def run(
+    spec,
+    frames: np.ndarray,
+    *,
+    streams: Sequence[int],
+    length: int,
+    offset: int = 25,
+    config: Any = None,
+    quiet: bool = True,
+) -> list[dict[str, Any]]:
+    """One record per method and number of streams (see the module docstring)."""
+    import jax
+    import jax.numpy as jnp
+
+    from dcjax.eval import methods
+
+    if config is None:
+        config = methods.deepcache_config({})
+    config = dataclasses.replace(config, statistics=False)
+    runners, cached = _methods(spec, config)
+    clips_max = stream_clips(frames, max(streams), length, offset)
+    stats = _statistics(spec, config, clips_max)
+    records = []
+    for n in streams:
+        clips = jnp.asarray(stream_clips(frames, n, length, offset))
+        times: dict[str, list[float]] = {m: [] for m in METHODS}
+        outs: dict[str, list[np.ndarray]] = {m: [] for m in METHODS}
+        states = {}
+        for m, (init, step) in runners.items():  # compile, then start afresh
+            s = init(n)
+            for t in range(2):
+                out, s, _ = step(s, clips[t])
+            jax.block_until_ready(out)
+            states[m] = init(n)
+        for t in progress(range(length), desc=f"{n} streams", unit="frame", quiet=quiet):
+            order = METHODS[t % len(METHODS) :] + METHODS[: t % len(METHODS)]
+            for m in order:
+                init, step = runners[m]
+                t0 = time.perf_counter()
+                out, states[m], _ = step(states[m], clips[t])
+                jax.block_until_ready((out, states[m]))
+                times[m].append(time.perf_counter() - t0)
+                outs[m].append(np.asarray(jax.tree_util.tree_leaves(out)[0]))
+        mean = {m: 1e3 * float(np.mean(v)) / n for m, v in times.items()}
+        ratio = stats["flops_ratio"][:, :n]
+        for m in METHODS:
+            step_ms = 1e3 * np.asarray(times[m])
+            rec = {
+                "model": spec.name, "frame_shape": list(spec.frame_shape), "method": m,
+                "streams": n, "frames": length, "mean_ms": mean[m],
+                "throughput_fps": 1e3 / mean[m], "step_mean_ms": float(step_ms.mean()),
+                "p99_ms": float(np.percentile(step_ms, 99)), "max_ms": float(step_ms.max()),
+                "speedup_vs_plain": mean["plain"] / mean[m],
+                "speedup_vs_dense": mean["dense"] / mean[m],
+            }  # fmt: skip
+            if m.startswith("deepcache"):
+                rec.update(
+                    ideal=float(1.0 / max(ratio.mean(), 1e-9)),
+                    still_fraction=float(stats["skipped"][:, :n].mean()),
+                    refresh_fraction=float(stats["refreshed"][:, :n].mean()),
+                    top1_agreement=_agreement(np.stack(outs[m]), np.stack(outs["dense"])),
+                    kernel=config.kernel,
+                )
+            records.append(rec)
+    del cached
+    return records
+
+
+def _rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+    def ideal(r):
+        return f"{r['ideal']:.2f}x" if "ideal" in r else "-"
+
+    return [
+        {
+            "N": str(r["streams"]),
+            "method": r["method"],
+            "mean ms": f"{r['mean_ms']:.1f}",
+            "frames/s": f"{r['throughput_fps']:.1f}",
+            "p99 ms": f"{r['p99_ms']:.0f}",
+            "vs plain": f"{r['speedup_vs_plain']:.2f}x",
+            "vs dense": f"{r['speedup_vs_dense']:.2f}x",
+            "ideal": ideal(r),
+            "still": f"{100 * r['still_fraction']:.0f} %" if "still_fraction" in r else "-",
+        }  # fmt: skip
+        for r in records
+    ]
+
+
+def plot(records: Sequence[dict[str, Any]], path: str) -> None:
+    """Throughput (frames/s of all streams) against the number of streams, per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m in METHODS:
+        rs = sorted((r for r in records if r["method"] == m), key=lambda r: r["streams"])
+        ax.plot([r["streams"] for r in rs], [r["throughput_fps"] for r in rs], "o-", label=m)
+    first = records[0]
+    h, w = first["frame_shape"][:2]
+    ax.set(xlabel="streams", ylabel="frames / s (all streams)")
+    ax.set_title(f"{first['model']} at {h}x{w}")
+    ax.set_xscale("log", base=2)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = program_parser("streams", __doc__)
+    ap.add_argument("--model", default="resnet50", help="zoo model (default resnet50)")
+    ap.add_argument("--video", default="vtest", help="video file or bundled clip name")
+    ap.add_argument("--streams", type=at_least(1), nargs="+", default=[1, 4, 8],
+                    help="numbers of streams (default 1 4 8)")  # fmt: skip
+    ap.add_argument("--frames", type=at_least(3), default=40, help="frames per stream")
+    ap.add_argument("--offset", type=at_least(1), default=25,
+                    help="frames between stream starts (fewer if the video is short)")  # fmt: skip
+    ap.add_argument("--start", type=nonnegative_int, default=0, help="frames to skip first")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--size", type=frame_size, metavar="HxW", help="run at this frame size")
+    size.add_argument("--native", action="store_true", help="run at the video's own size")
+    ap.add_argument("--pretrained", choices=("auto", "yes", "no"), default="auto",
+                    help="real weights where the zoo has them (auto)")  # fmt: skip
+    ap.add_argument("--width", type=width, default=1.0, help="channel multiplier of zoo models")
+    ap.add_argument("--json", default=os.path.join("bench-results", "streams.json"))
+    ap.add_argument("--report", metavar="PATH", help="plot of throughput against N (PNG)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = ap.parse_args(argv)
+    from dcjax import models
+    from dcjax.eval import harness
+
+    check_model(ap, "--model", args.model)
+    path = check_video(ap, "--video", args.video, args.start, need=args.frames)
+    check_output(ap, "--json", args.json)
+    if args.report:
+        check_output(ap, "--report", args.report)
+    hw = input_size(args, path)
+    if hw is not None:
+        check_input_size(ap, "--size", args.model, hw, width=args.width)
+    has = models.info(args.model).pretrained and args.width == 1.0
+    if args.pretrained == "yes" and not has:
+        ap.error(f"argument --pretrained: no pretrained weights for {args.model} at this width")
+    spec = harness.model_spec(
+        args.model, pretrained=args.pretrained == "yes" or (args.pretrained == "auto" and has),
+        width=args.width, input_size=hw,
+    )  # fmt: skip
+    need = args.frames + args.offset * (max(args.streams) - 1)
+    frames = load_clip(path, spec.frame_shape, frames=need, start=args.start)
+    if len(frames) < args.frames:
+        ap.error(f"argument --video: {len(frames)} frames decoded, --frames {args.frames} needed")
+    records = run(spec, frames, streams=args.streams, length=args.frames, offset=args.offset,
+                  quiet=args.no_progress)  # fmt: skip
+    print(table(_rows(records)))
+    write_json(args.json, {"machine": machine(), "video": args.video, "records": records})
+    print(f"records: {args.json}")
+    if args.report:
+        plot(records, args.report)
+        print(f"plot: {args.report}")
+    return 0

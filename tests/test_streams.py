@@ -1,0 +1,232 @@
+"""Many streams through one cached model (dcjax/streams.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from dcjax import Config, transform
+from tests import streams_worker as worker
+from tests.transforms import small_models
+
+N, T, SIZE = worker.STREAMS, worker.FRAMES, worker.SIZE
+
+
+@functools.cache
+def _clip() -> np.ndarray:
+    return worker.clip()
+
+
+@functools.cache
+def _cached(statistics: bool = False):
+    if not statistics:
+        return worker.cached_model()
+    module, variables = small_models.create("resnet", SIZE)
+    return transform(
+        module, variables, frame_shape=(SIZE, SIZE, 3),
+        config=Config(kernel="xla", refresh_every=3, statistics=True),
+    )  # fmt: skip
+
+
+def _single_streams(cached, frames, phases):
+    """Each stream stepped alone with `CachedModel.step`: (T, N, ...) outputs and refreshes."""
+    outs, refreshed = [], []
+    for i, phase in enumerate(phases):
+        state, o, r = cached.init(refresh_phase=phase), [], []
+        for t in range(len(frames)):
+            out, state, info = cached.step(state, frames[t, i])
+            o.append(np.asarray(out))
+            r.append(bool(info["refreshed"]))
+        outs.append(o)
+        refreshed.append(r)
+    return np.swapaxes(np.asarray(outs), 0, 1), np.asarray(refreshed).T
+
+
+def _close(a, b):
+    scale = max(float(np.abs(b).max()), 1.0)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=2e-5 * scale)
+
+
+@functools.cache
+def _reference():
+    """The unsharded streams on the worker's clip: step by step, and `run`."""
+    cached = _cached()
+    streams = cached.streams(N)
+    states, outs, refreshed = streams.init(), [], []
+    for t in range(T):
+        out, states, info = streams.step(states, _clip()[t])
+        outs.append(np.asarray(out))
+        refreshed.append(np.asarray(info["refreshed"]))
+    run_outs, _, _ = streams.run(_clip())
+    return streams, np.stack(outs), np.stack(refreshed), np.asarray(run_outs)
+
+
+def test_streams_equal_independent_steps_with_staggered_refreshes():
+    streams, outs, refreshed, run_outs = _reference()
+    single, single_refreshed = _single_streams(_cached(), _clip(), streams.phases)
+    _close(outs, single)
+    np.testing.assert_array_equal(refreshed, single_refreshed)
+    _close(run_outs, outs)
+    assert streams.phases == [0, 0, 0, 1, 1, 1, 2, 2]  # refresh_every=3 over 8 streams
+    # every stream refreshes on the first frame; after that, never all at once
+    assert refreshed[0].all()
+    assert not refreshed[1:].all(axis=1).any()
+    assert refreshed[1:].any(axis=1).all()  # each later frame refreshes some stream (period 3)
+
+
+def test_unstaggered_streams_refresh_together():
+    cached = _cached()
+    streams = cached.streams(N, stagger=False)
+    assert streams.phases == [0] * N
+    states = streams.init()
+    refreshed = []
+    for t in range(T):
+        _, states, info = streams.step(states, _clip()[t])
+        refreshed.append(np.asarray(info["refreshed"]))
+    refreshed = np.stack(refreshed)
+    assert (refreshed.all(axis=1) | ~refreshed.any(axis=1)).all()
+    assert refreshed[3].all()  # the period of 3 after the first frame
+
+
+def test_a_still_stream_contributes_no_tiles():
+    """Two moving streams and a still one: the still one reuses every pixel of
+    every layer while the network runs for the others, and gives the output of
+    its own last frame."""
+    cached = _cached(statistics=True)
+    streams = cached.streams(3, stagger=False)
+    clip = _clip()[:2, :3].copy()
+    clip[1, 0] = np.roll(clip[0, 0], 4, axis=1)  # stream 0 pans
+    clip[1, 1] = clip[0, 1]  # stream 1 stands still
+    clip[1, 2] = 255 - clip[0, 2]  # stream 2 changes everywhere
+    states = streams.init()
+    for t in range(2):
+        out, states, info = streams.step(states, clip[t])
+    assert np.asarray(info["skipped"]).tolist() == [False, True, False]
+    fractions = np.asarray(info["reuse_fraction"])
+    np.testing.assert_array_equal(fractions[1], 1.0)
+    assert (fractions[[0, 2]] < 1.0).any()
+    alone, _ = _single_streams(cached, clip[:, 1:2], [0])
+    _close(np.asarray(out)[1], alone[-1, 0])
+
+
+def test_refresh_phase_moves_the_first_periodic_refresh():
+    cached = _cached()
+    for phase in range(3):
+        state, refreshed = cached.init(refresh_phase=phase), []
+        for t in range(T):
+            _, state, info = cached.step(state, _clip()[t, 0])
+            refreshed.append(bool(info["refreshed"]))
+        expected = [t == 0 or (t + phase) % 3 == 0 for t in range(T)]
+        assert refreshed == expected, phase
+
+
+@pytest.mark.parametrize("phase", [-1, 3, 1.5, True])
+def test_refresh_phase_out_of_range_is_an_error(phase):
+    with pytest.raises(ValueError, match="refresh_phase must be an int in 0..2"):
+        _cached().init(refresh_phase=phase)
+
+
+def test_bad_streams_input_is_an_error_naming_the_argument():
+    cached = _cached()
+    streams = cached.streams(2)
+    states = streams.init()
+    frames = _clip()[0, :2]
+    with pytest.raises(ValueError, match=r"frames\[1\] has frame shape \(16, 32, 3\)"):
+        streams.step(states, [frames[0], frames[1][:16]])
+    with pytest.raises(ValueError, match="frames has 3 streams on axis 0; expected 2"):
+        streams.step(states, _clip()[0, :3])
+    with pytest.raises(ValueError, match=r"frames must have shape \(2, 32, 32, 3\)"):
+        streams.step(states, frames[0])
+    with pytest.raises(ValueError, match=r"states\.prev_frame has shape \(3, .* expected \(2, "):
+        streams.step(cached.streams(3).init(), frames)
+    with pytest.raises(ValueError, match=r"states\.prev_frame has shape \(1, 32, 32\)"):
+        streams.step(cached.init(), frames)  # one stream's state
+    other = dataclasses.replace(cached.config, refine=None, skip_unchanged=False)
+    module, variables = small_models.create("resnet", SIZE)
+    elsewhere = transform(module, variables, frame_shape=(SIZE, SIZE, 3), config=other)
+    with pytest.raises(ValueError, match="states were not made for this model and config"):
+        streams.step(elsewhere.streams(2).init(), frames)
+    with pytest.raises(ValueError, match="n \\(streams\\) must be a positive int"):
+        cached.streams(0)
+    mesh = jax.make_mesh((1,), ("cams",))
+    with pytest.raises(ValueError, match="not the streams axis 'streams'"):
+        cached.streams(2, mesh=mesh)
+    with pytest.raises(TypeError, match="mesh must be a jax.sharding.Mesh"):
+        cached.streams(2, mesh="cpu")
+
+
+def _worker(out, *args, devices):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.streams_worker", str(out), *map(str, args)],
+        env=env,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait(proc):
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+
+
+def test_streams_sharded_over_four_devices_equal_one_device(tmp_path):
+    _wait(_worker(tmp_path / "sharded.npz", devices=4))
+    got = np.load(tmp_path / "sharded.npz")
+    assert int(got["devices"]) == 4
+    _, outs, refreshed, run_outs = _reference()
+    _close(got["outs"], outs)
+    np.testing.assert_array_equal(got["refreshed"], refreshed)
+    _close(got["run"], run_outs)
+
+
+def test_mesh_that_does_not_divide_the_streams_is_an_error(tmp_path):
+    script = (
+        "import jax; from tests import streams_worker as w\n"
+        "mesh = jax.make_mesh((4,), ('streams',))\n"
+        "try:\n    w.cached_model().streams(6, mesh=mesh)\n"
+        "except ValueError as e:\n    print(e)\n"
+    )
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True
+    )
+    assert "4 devices, which does not divide n=6 streams" in out.stdout, out.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_streams_over_two_processes_equal_one_process(tmp_path):
+    """`jax.distributed` on loopback: two processes of two devices each, each
+    feeding and reading its own four streams."""
+    port = _free_port()
+    procs = [_worker(tmp_path / f"p{i}.npz", i, 2, port, devices=2) for i in range(2)]
+    for p in procs:
+        _wait(p)
+    _, outs, refreshed, _ = _reference()
+    for i in range(2):
+        got = np.load(tmp_path / f"p{i}.npz")
+        assert int(got["processes"]) == 2 and int(got["devices"]) == 4
+        first = int(got["first"])
+        assert first == 4 * i
+        _close(got["outs"], outs[:, first : first + 4])
+        np.testing.assert_array_equal(got["refreshed"], refreshed[:, first : first + 4])
