@@ -115,12 +115,12 @@ class Streams:
         """How many of the streams this process feeds (all of them in one process)."""
         return self.n // jax.process_count() if self.mesh is not None else self.n
 
-    def _place(self, x: Any) -> Any:
-        """Per-stream host or device data (leading axis ``n``, or this process's
-        share of it across processes) placed on the mesh."""
+    def _place(self, x: Any, *, axis: int = 0) -> Any:
+        """Per-stream host or device data (``n`` streams along ``axis``, or this
+        process's share of them across processes) placed on the mesh."""
         if self.mesh is None:
             return x
-        sharding = self.sharding
+        sharding = NamedSharding(self.mesh, P(*[None] * axis, self.axis))
         if jax.process_count() > 1:
             return jax.tree_util.tree_map(
                 lambda a: jax.make_array_from_process_local_data(sharding, np.asarray(a)), x
@@ -191,13 +191,7 @@ class Streams:
                 return outs, states, infos
 
             self._run_fn = jax.jit(scan, donate_argnums=(1,))
-        if self.mesh is not None:
-            sharding = NamedSharding(self.mesh, P(None, self.axis))
-            if jax.process_count() > 1:
-                frames = jax.make_array_from_process_local_data(sharding, np.asarray(frames))
-            else:
-                frames = jax.device_put(frames, sharding)
-        return self._run_fn(self.cached._traced.leaves, states, frames)
+        return self._run_fn(self.cached._traced.leaves, states, self._place(frames, axis=1))
 
     # -- the compiled step -----------------------------------------------------
 

@@ -72,7 +72,7 @@ def stream_clips(frames: np.ndarray, n: int, length: int, offset: int) -> np.nda
 
 
 def _methods(spec, config) -> dict[str, Any]:
-    """Per method ``(init(n, stagger), step(state, frames) -> (out, state, info))``."""
+    """Per method ``(init(n), step(state, frames) -> (out, state, info))``."""
     import jax
 
     from dcjax.eval import methods
@@ -100,7 +100,7 @@ def _methods(spec, config) -> dict[str, Any]:
         "dense": (lambda n: None, lambda s, f: (dense(leaves, f), s, None)),
         "deepcache": (cached_init(True), cached_step),
         "deepcache_sync": (cached_init(False), cached_step),
-    }, cached
+    }
 
 
 def _statistics(spec, config, clips: np.ndarray) -> dict[str, np.ndarray]:
@@ -144,7 +144,7 @@ def run(
     if config is None:
         config = methods.deepcache_config({})
     config = dataclasses.replace(config, statistics=False)
-    runners, cached = _methods(spec, config)
+    runners = _methods(spec, config)
     clips_max = stream_clips(frames, max(streams), length, offset)
     stats = _statistics(spec, config, clips_max)
     records = []
@@ -189,7 +189,6 @@ def run(
                     kernel=config.kernel,
                 )
             records.append(rec)
-    del cached
     return records
 
 
