@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from dcjax.kernels import IMPLS
+from dcjax.kernels.tuning import TUNINGS
 from dcjax.matching.matcher import COLORS, KEYS, MATCHERS, matcher_options
 from dcjax.transforms.motion import ALIGNMENTS
 from dcjax.transforms.refine import METRICS
@@ -266,6 +267,15 @@ class Config:
             and not with semantic exits. With ``refine`` the refined layers
             count these elements as unchanged too, so that
             ``RefineConfig(delta=0)`` is plain DeepCache.
+        tuning: how ``kernel="auto"`` picks each layer's kernel, one of
+            `dcjax.kernels.tuning.TUNINGS`: ``"measure"`` times every candidate
+            kernel of every layer on this machine when the model is
+            transformed (once per machine and layer shape: the measurements
+            are kept in `dcjax.kernels.tuning.default_path`) and, where no
+            layer's savings pay for the matcher, runs the dense step with only
+            the still-frame skip (`dcjax.autotune`); ``"prior"`` takes the
+            fixed rules of `dcjax.kernels.auto`. None (the default) reads
+            ``$DCJAX_TUNING``, else ``"measure"``. Only with ``kernel="auto"``.
         statistics: report each layer's reuse fraction and the frame's FLOP
             ratio in the step's ``info`` (the default). They need every
             layer's reuse mask, which a layer computed in full does not
@@ -294,6 +304,7 @@ class Config:
     skip_unchanged: bool = True
     statistics: bool = True
     dense_updates: bool = True
+    tuning: str | None = None
 
     def __post_init__(self) -> None:
         _check(
@@ -318,6 +329,10 @@ class Config:
             f"Config.alignment must be one of {ALIGNMENTS}, got {self.alignment!r}",
         )
         _check(self.key in KEYS, f"Config.key must be one of {KEYS}, got {self.key!r}")
+        _check(
+            self.tuning is None or self.tuning in TUNINGS,
+            f"Config.tuning must be None or one of {TUNINGS}, got {self.tuning!r}",
+        )
         _check(
             self.kernel in IMPLS,
             f"Config.kernel must be one of {IMPLS}, got {self.kernel!r}",

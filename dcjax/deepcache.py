@@ -37,18 +37,20 @@ network (`Config.skip_unchanged`, on by default).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dcjax import inputs
+from dcjax import autotune, inputs
 from dcjax.config import Config, RefineConfig, SemanticConfig
-from dcjax.matching import Match, StreamMatcher
+from dcjax.kernels.tuning import resolve_tuning
+from dcjax.matching import Match
 from dcjax.plan import Plan, make_plan
 from dcjax.state import CacheState, init_state
 from dcjax.step import Step
@@ -86,6 +88,12 @@ class CachedModel:
         total_flops: FLOPs of a full recompute: convolutions and matrix
             products (fully connected layers) all computed.
         unsupported_primitives: primitives without a mask rule.
+        config: the `Config` the step runs: the one given, or its dense form
+            (`dcjax.autotune.dense_config`) when the measured plan is dense.
+        tuning: what the measured tuning found and decided
+            (`dcjax.autotune.Tuning`), or None where it did not run
+            (``Config.kernel`` other than "auto", ``Config.tuning="prior"``,
+            semantic exits).
     """
 
     def __init__(
@@ -97,6 +105,8 @@ class CachedModel:
         config: Config,
         preprocess: Callable[[jax.Array], jax.Array] | None,
         input_dtype: Any,
+        tuning_fractions: Sequence[float] | None = None,
+        progress: bool = True,
     ) -> None:
         if not isinstance(config, Config):
             raise TypeError(
@@ -116,7 +126,22 @@ class CachedModel:
         n = len(self._traced.leaves)
         frame_sig = Spatial(axes=(1, 2), size=self.frame_shape[:2], stride=(1, 1))
         self._analysis = analyze(self._traced.jaxpr, [None] * n + [frame_sig], [False] * n + [True])
-        self.plan: Plan = make_plan(self._analysis, config, jax.default_backend())
+        self.tuning: autotune.Tuning | None = None
+        kernels = None
+        if (
+            config.kernel == "auto"
+            and config.semantic is None
+            and resolve_tuning(config.tuning) == "measure"
+        ):
+            self.tuning = autotune.tune_model(
+                self._analysis, config, frame_shape=self.frame_shape,
+                fractions=tuning_fractions, progress=progress,
+            )  # fmt: skip
+            if self.tuning.plan == "dense":
+                config = self.config = autotune.dense_config(config)
+            else:
+                kernels = self.tuning.choices
+        self.plan: Plan = make_plan(self._analysis, config, jax.default_backend(), kernels)
         self.layers: tuple[Layer, ...] = tuple(self._analysis.layers)
         self.dense_layers: tuple[DenseLayer, ...] = tuple(self._analysis.dense_layers)
         self.keeps_cache: tuple[bool, ...] = self.plan.keeps_cache
@@ -137,11 +162,7 @@ class CachedModel:
             self._semantic = SemanticExits(config.semantic, self._analysis)
             # never reusing: the exits keep no caches (nothing to carry through them)
             self._semantic.dense = self.plan.semantic_dense
-        matcher = StreamMatcher(
-            name=config.matcher, options=config.matcher_options, block_size=config.block_size,
-            psnr_threshold=config.psnr_threshold, color=config.color,
-            data_range=config.data_range, key=config.key,
-        )  # fmt: skip
+        matcher = autotune.matcher_of(config)
         self._step = Step(
             plan=self.plan, analysis=self._analysis, traced=self._traced, config=config,
             matcher=matcher, semantic=self._semantic, frame_shape=self.frame_shape,
@@ -355,6 +376,8 @@ def transform(
     config: Config | None = None,
     preprocess: Callable[[jax.Array], jax.Array] | None = None,
     input_dtype: Any = jnp.float32,
+    calibration: Any = None,
+    progress: bool = True,
 ) -> CachedModel:
     """Compile ``model`` into a cached per-frame step.
 
@@ -367,16 +390,53 @@ def transform(
         preprocess: per-pixel function from a raw ``(H, W, C)`` frame to the
             model's input; default divides uint8 frames by 255.
         input_dtype: dtype the model is traced with.
+        calibration: a few frames ``(T, H, W, C)`` of the stream (T >= 2) for
+            the measured tuning (``Config.tuning``): each layer's kernel is
+            chosen for the dirty fraction these frames show there, found by
+            running them through the model with every layer cached. None:
+            chosen for every fraction alike. Ignored where tuning does not run.
+        progress: show a progress bar while kernels are measured.
 
     Returns:
         A `CachedModel` with ``init``, ``step``, ``run``, ``apply`` and
         ``layers``.
     """
+    config = Config() if config is None else config
+    fractions = None
+    if (
+        calibration is not None
+        and isinstance(config, Config)
+        and config.kernel == "auto"
+        and config.semantic is None
+        and resolve_tuning(config.tuning) == "measure"
+    ):
+        fractions = _calibrate(model, variables, frame_shape, config, preprocess, input_dtype,
+                               calibration)  # fmt: skip
     return CachedModel(
         model,
         variables,
         frame_shape=frame_shape,
-        config=Config() if config is None else config,
+        config=config,
         preprocess=preprocess,
         input_dtype=input_dtype,
+        tuning_fractions=fractions,
+        progress=progress,
     )
+
+
+def _calibrate(model, variables, frame_shape, config, preprocess, input_dtype, frames):
+    """Per layer, the dirty fraction ``frames`` show with every layer cached
+    (`dcjax.autotune.stream_fractions`)."""
+    frames = jnp.asarray(frames)
+    if frames.ndim != 4 or frames.shape[0] < 2 or tuple(frames.shape[1:]) != tuple(frame_shape):
+        raise ValueError(
+            "dcjax: calibration must be frames of shape (T >= 2, "
+            f"{', '.join(map(str, frame_shape))}), got {tuple(frames.shape)}"
+        )
+    probe = CachedModel(
+        model, variables, frame_shape=frame_shape,
+        config=dataclasses.replace(config, kernel="xla", tuning="prior", fuse_blocks=False),
+        preprocess=preprocess, input_dtype=input_dtype,
+    )  # fmt: skip
+    _, _, infos = probe.run(frames)
+    return autotune.stream_fractions(jax.device_get(infos), probe.keeps_cache)

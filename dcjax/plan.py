@@ -30,9 +30,10 @@ is traced or compiled. Every per-layer decision of the step is made here:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from dcjax.config import Config
+from dcjax.kernels.tuning import KernelChoice
 from dcjax.transforms import queries
 from dcjax.transforms import refine as refine_lib
 from dcjax.transforms.records import Analysis, DenseLayer, Layer
@@ -57,6 +58,8 @@ class LayerPlan:
             chain it belongs to, or None.
         reads_frame: whether its input comes from the frame with no reused
             layer in between.
+        kernel: the measured kernel choice (`dcjax.kernels.tuning`), or None
+            where ``Config.kernel`` applies as it is.
         tested_alone: a refined layer that reads the frame (``reads_frame``),
             with ``delta > 0``: its input's mask is the matcher's, which
             passes blocks by PSNR; it reuses where its own change test passes
@@ -73,6 +76,7 @@ class LayerPlan:
     chain: tuple[int, int, int] | None = None
     reads_frame: bool = False
     tested_alone: bool = False
+    kernel: KernelChoice | None = None
 
     @property
     def owns_reference(self) -> bool:
@@ -153,13 +157,28 @@ class Plan:
         return tuple(d.updated for d in self.dense)
 
 
-def make_plan(analysis: Analysis, config: Config, backend: str) -> Plan:
-    """The `Plan` of ``analysis`` under ``config`` on ``backend`` ("cpu", "gpu", "tpu")."""
+def make_plan(
+    analysis: Analysis,
+    config: Config,
+    backend: str,
+    kernels: Sequence[KernelChoice | None] | None = None,
+) -> Plan:
+    """The `Plan` of ``analysis`` under ``config`` on ``backend`` ("cpu", "gpu", "tpu").
+
+    ``kernels``: per layer, a measured choice (`dcjax.autotune`) that replaces
+    ``config.kernel`` there (None: ``config.kernel`` applies).
+    """
     layers, dense_layers = tuple(analysis.layers), tuple(analysis.dense_layers)
     n = len(layers)
+    kernels = (None,) * n if kernels is None else tuple(kernels)
+    if len(kernels) != n:
+        raise ValueError(f"dcjax: make_plan got {len(kernels)} kernel choices for {n} layers")
     semantic = config.semantic is not None
     semantic_dense = semantic and config.psnr_threshold == float("inf")
-    keeps = queries.layers_reading_cache(analysis, config.kernel)
+    prior = queries.layers_reading_cache(analysis, config.kernel)
+    keeps = tuple(
+        keep if k is None else k.keeps_cache for keep, k in zip(prior, kernels, strict=True)
+    )
     if semantic_dense:
         keeps = (False,) * n
     reads_frame = queries.reads_frame(analysis)
@@ -191,6 +210,7 @@ def make_plan(analysis: Analysis, config: Config, backend: str) -> Plan:
             chain=chains.get(i),
             reads_frame=reads_frame[i],
             tested_alone=refined[i] and reads_frame[i] and config.refine.delta > 0,
+            kernel=kernels[i],
         )
         for i, layer in enumerate(layers)
     )

@@ -141,9 +141,12 @@ class _CachePolicy(Policy):
         if lp.chain is not None:
             out = _chain_output(eqn, invals, epilogue, mask, cached)
         else:
+            k = lp.kernel
             out = kernels.masked_conv_eqn(
-                eqn, invals, mask, cached, self._kernel, scattered=lp.refined, epilogue=epilogue
-            )
+                eqn, invals, mask, cached, self._kernel if k is None else k.impl,
+                scattered=lp.refined, epilogue=epilogue,
+                tile=None if k is None else k.tile, chunk=None if k is None else k.chunk,
+            )  # fmt: skip
         return out, LayerResult(mask=mask, cache=out)
 
 

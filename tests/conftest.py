@@ -19,6 +19,11 @@ The tests run small shapes, where compiling dominates running:
   covers the program, the XLA flags and the jax version, so a test that
   changes any of them compiles afresh. Setting ``JAX_COMPILATION_CACHE_DIR``
   oneself keeps one's own directory (and it is not removed).
+- ``kernel="auto"`` takes the fixed rules (``DCJAX_TUNING=prior``): measuring
+  every layer's kernels on each transform would cost more than most tests,
+  and a choice by timing would differ from run to run. The tests of the
+  measured tuning (tests/test_autotune.py, tests/kernels/test_tuning.py) ask
+  for it, with measurements kept in a file of their own.
 """
 
 import atexit
@@ -38,3 +43,5 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+os.environ.setdefault("DCJAX_TUNING", "prior")

@@ -179,7 +179,11 @@ def _worker(out, *args, devices):
 
 
 def _wait(proc):
-    out, _ = proc.communicate(timeout=600)
+    try:
+        out, _ = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
     assert proc.returncode == 0, out
 
 
@@ -204,7 +208,12 @@ def test_mesh_that_does_not_divide_the_streams_is_an_error(tmp_path):
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run(
-        [sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert "4 devices, which does not divide n=6 streams" in out.stdout, out.stderr
 

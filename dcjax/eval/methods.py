@@ -53,6 +53,7 @@ __all__ = [
     "cached_runner",
     "config_dict",
     "deepcache_config",
+    "tuning_dict",
     "dense_conv",
     "fast_apply",
     "state_bytes",
@@ -248,6 +249,17 @@ def transform(spec: ModelSpec, config: Config) -> deepcache.CachedModel:
     )
 
 
+def tuning_dict(cached: deepcache.CachedModel) -> dict[str, Any]:
+    """What the measured tuning decided (`dcjax.autotune.Tuning`), for the
+    metrics: ``plan`` ("cached", "dense", or "prior" where it did not run) and
+    the number of layers given each kernel."""
+    tuning = cached.tuning
+    if tuning is None:
+        return {"plan": "prior"}
+    names = [c.impl for c in tuning.choices if c is not None]
+    return {"plan": tuning.plan, "kernels": {n: names.count(n) for n in sorted(set(names))}}
+
+
 def with_timed_twin(build: Callable[[Config], Runner], cfg: Config) -> Runner:
     """``build`` of ``cfg`` with statistics, whose `Runner.timed` is ``build`` of
     ``cfg`` without them, whatever ``cfg.statistics`` says (the harness reports
@@ -271,7 +283,7 @@ def cached_runner(method: str, spec: ModelSpec, cfg: Config) -> Runner:
             init=cached.init,
             step=cached.step,
             layers=cached_layers(cached),
-            config=config_dict(cfg),
+            config={**config_dict(cfg), **tuning_dict(cached)},
             total_flops=int(cached.total_flops),
             cached=cached,
         )

@@ -59,6 +59,7 @@ def masked_conv(
     *,
     impl: str = "auto",
     tile: tuple[int, int] | None = None,
+    chunk: int | None = None,
     interpret: bool = False,
     scattered: bool = False,
     epilogue: Epilogue | None = None,
@@ -86,6 +87,8 @@ def masked_conv(
             this backend and layer, see `dcjax.kernels.auto`).
         tile: (th, tw) output tile; the per-layer rule `tiles.default_tile`
             (or the auto table's entry) when None.
+        chunk: the row kernel's smallest step (``impl="rows"``); its own rule
+            (or the auto rule's) when None.
         interpret: run Pallas kernels in interpret mode (needed on CPU).
         scattered: a hint for ``impl="auto"``: the masks are scattered at
             pixel level (refinement), which favours pixel-granular kernels.
@@ -112,12 +115,11 @@ def masked_conv(
             f"dcjax: masked_conv cached has shape {cached.shape} but the convolution output "
             f"is {(p.n, p.ho, p.wo, p.cout)}; pass the previous output shifted to this frame"
         )
-    chunk = None
     if impl == "auto":
         impl, auto_tile = _auto.choose(p, jax.default_backend(), scattered)
         if tile is None and auto_tile is not None:
             tile = auto_tile
-        if impl == "rows":
+        if impl == "rows" and chunk is None:
             chunk = _auto.row_chunk(p, scattered)
     if impl == "pallas":
         impl = "pallas_tpu" if jax.default_backend() == "tpu" else "pallas_gpu"
@@ -188,6 +190,9 @@ def masked_conv_eqn(
     impl: str,
     scattered: bool = False,
     epilogue: Epilogue | None = None,
+    *,
+    tile: tuple[int, int] | None = None,
+    chunk: int | None = None,
 ) -> jax.Array:
     """`masked_conv` for a ``conv_general_dilated`` equation of a traced model.
 
@@ -207,7 +212,7 @@ def masked_conv_eqn(
         with contextlib.nullcontext() if name is None else jax.default_matmul_precision(name):
             return masked_conv(
                 x, w, jnp.broadcast_to(mask, (x.shape[0], *mask.shape)), cached,
-                ConvGeometry.from_params(p), impl=impl,
+                ConvGeometry.from_params(p), impl=impl, tile=tile, chunk=chunk,
                 interpret=impl == "pallas" and jax.default_backend() == "cpu",
                 scattered=scattered, epilogue=epilogue,
             )  # fmt: skip

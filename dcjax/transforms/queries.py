@@ -28,6 +28,7 @@ from dcjax.kernels.geometry import plain_conv
 __all__ = [
     "conv_chains",
     "layer_epilogues",
+    "layer_tile_plans",
     "layers_reading_cache",
     "per_layer",
     "reads_frame",
@@ -54,6 +55,19 @@ def per_layer(analysis, value: Callable[[Any, Any, Any], Any]) -> tuple:
 def layers_reading_cache(analysis, impl: str) -> tuple[bool, ...]:
     """Per layer, whether its kernel under ``impl`` reads a cache (`kernels.reads_cache`)."""
     return per_layer(analysis, lambda an, eqn, info: kernels.reads_cache(eqn, impl))
+
+
+def layer_tile_plans(analysis) -> tuple:
+    """Per layer, the `dcjax.kernels.TilePlan` of its convolution where the
+    sparse kernels compute it (`plain_conv`), else None."""
+
+    def tile_plan(an, eqn, info):
+        if not plain_conv(eqn.params):
+            return None
+        x, w = (v.aval for v in eqn.invars)
+        return kernels.plan(x.shape, w.shape, kernels.ConvGeometry.from_params(eqn.params))
+
+    return per_layer(analysis, tile_plan)
 
 
 def reads_frame(analysis) -> tuple[bool, ...]:

@@ -1,0 +1,226 @@
+"""The measured plan of a model: each layer's kernel, and whether caching pays at all.
+
+With ``Config(kernel="auto", tuning="measure")`` (`dcjax.Config.tuning`), the
+transform calls `tune_model` between the analysis and `dcjax.plan.make_plan`:
+
+1. Every plain convolution's candidate kernels (`dcjax.kernels.tuning`:
+   dense, tile kernel, row kernel, Pallas on GPU) are timed on the layer's
+   shapes at several dirty fractions, on this machine, or read from the
+   measurements' file. Each layer gets the candidate of least expected cost
+   at the dirty fraction the stream shows (``fractions``, measured by
+   `stream_fractions` on a few frames; without them every fraction from 0 to
+   1 counts alike), a refresh every ``Config.refresh_every`` frames included.
+2. The cached plan's expected saving (dense cost minus chosen cost, summed
+   over the layers) is set against what caching adds per frame: the block
+   matcher's cost over the cheapest still-frame test's (both timed here, on
+   the frame's shape). When the saving does not pay for it, the plan is
+   ``"dense"``: the step computes every layer in full and keeps only the
+   still-frame skip, found by the same-position matcher (`dense_config`).
+
+The decision is made once per transform; `Tuning` records it, with every
+measurement, for ``CachedModel.tuning`` and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dcjax.config import Config
+from dcjax.kernels import tuning as kt
+from dcjax.matching import StreamMatcher
+from dcjax.transforms import queries
+from dcjax.transforms.records import Analysis
+
+__all__ = ["PLANS", "Tuning", "dense_config", "matcher_of", "stream_fractions", "tune_model"]
+
+#: What `tune_model` may decide: reuse with the measured kernels, or the dense
+#: step with the still-frame skip.
+PLANS = ("cached", "dense")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Tuning:
+    """What `tune_model` measured and decided.
+
+    Attributes:
+        plan: ``"cached"`` or ``"dense"`` (see the module docstring).
+        layers: per layer, its `dcjax.kernels.tuning.LayerTuning`, or None for a
+            layer the sparse kernels do not compute.
+        saving: expected seconds a frame the chosen kernels save against
+            computing every tuned layer in full.
+        overhead: expected seconds a frame caching adds: the block matcher's
+            cost over the still-frame test's.
+        measured: measurements made now (0 when all came from the file).
+        seconds: wall time of the tuning.
+    """
+
+    plan: str
+    layers: tuple[kt.LayerTuning | None, ...]
+    saving: float
+    overhead: float
+    measured: int
+    seconds: float
+
+    @property
+    def choices(self) -> tuple[kt.KernelChoice | None, ...]:
+        """Per layer, the chosen kernel (None where not tuned), as `make_plan` takes them."""
+        return tuple(None if t is None else t.choice for t in self.layers)
+
+    def summary(self) -> str:
+        """One line: the plan, the kernels chosen and the expected saving."""
+        names = [t.choice.impl for t in self.layers if t is not None]
+        counts = ", ".join(f"{n} {names.count(n)}" for n in sorted(set(names)))
+        return (
+            f"plan {self.plan}: kernels {counts or 'none'}; expected saving "
+            f"{self.saving * 1e3:.2f} ms a frame against {self.overhead * 1e3:.2f} ms of "
+            f"matching ({self.measured} measurements, {self.seconds:.1f} s)"
+        )
+
+
+def dense_config(config: Config) -> Config:
+    """``config`` for the dense plan: every layer in full, no refinement or exact
+    updates, the same-position matcher for the still-frame skip, no statistics."""
+    return dataclasses.replace(
+        config,
+        kernel="dense",
+        matcher="static",
+        matcher_options=None,
+        refine=None,
+        fuse_blocks=False,
+        dense_updates=False,
+        statistics=False,
+        tuning="prior",
+    )
+
+
+def matcher_of(config: Config) -> StreamMatcher:
+    """The stream matcher ``config`` describes."""
+    return StreamMatcher(
+        name=config.matcher, options=config.matcher_options, block_size=config.block_size,
+        psnr_threshold=config.psnr_threshold, color=config.color,
+        data_range=config.data_range, key=config.key,
+    )  # fmt: skip
+
+
+def _matcher_cost(matcher: StreamMatcher, frame_shape, dtype, repeats: int) -> float:
+    """Seconds a match of two frames of ``frame_shape``, the second the first moved
+    by a few pixels (the least of ``repeats`` calls after a warm-up)."""
+    rng = np.random.default_rng(0)
+    h, w, c = frame_shape
+    base = rng.integers(0, 256, (h + 8, w + 8, c)).astype(np.float32)
+    if not jnp.issubdtype(dtype, jnp.integer):
+        base = base / 255.0
+    prev = jnp.asarray(base[4 : 4 + h, 4 : 4 + w], dtype)
+    cur = jnp.asarray(base[2 : 2 + h, 5 : 5 + w], dtype)
+    fn = jax.jit(lambda a, b: matcher.match_frames(a, b).mask)
+    fn(prev, cur).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn(prev, cur).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def tune_model(
+    analysis: Analysis,
+    config: Config,
+    *,
+    frame_shape: tuple[int, int, int],
+    frame_dtype=jnp.uint8,
+    backend: str | None = None,
+    fractions: Sequence[float] | None = None,
+    cache: kt.TuningCache | None = None,
+    repeats: int = 5,
+    progress: bool = True,
+) -> Tuning:
+    """Measure and decide the plan of ``analysis`` (see the module docstring).
+
+    Args:
+        analysis: the analysed model.
+        config: its `Config` (``refresh_every``, the matcher).
+        frame_shape: ``(H, W, C)`` of the frames (the matchers are timed on it).
+        frame_dtype: the frames' dtype.
+        backend: default: jax's default backend.
+        fractions: per layer, the dirty fraction the stream shows
+            (`stream_fractions`); None: every fraction alike.
+        cache: where measurements are read and kept; default: the file at
+            `dcjax.kernels.tuning.default_path`.
+        repeats: timed calls per measurement.
+        progress: show a progress bar while measuring.
+    """
+    start = time.perf_counter()
+    backend = backend or jax.default_backend()
+    cache = kt.TuningCache(kt.default_path()) if cache is None else cache
+    plans = queries.layer_tile_plans(analysis)
+    tuned = [i for i, p in enumerate(plans) if p is not None]
+    if fractions is not None and len(fractions) != len(plans):
+        raise ValueError(
+            f"dcjax: tune_model got {len(fractions)} fractions for {len(plans)} layers"
+        )
+    before = cache.puts
+    results = kt.tune(
+        [plans[i] for i in tuned],
+        backend,
+        cache=cache,
+        fractions=None if fractions is None else [float(fractions[i]) for i in tuned],
+        refresh_every=config.refresh_every,
+        repeats=repeats,
+        progress=_bar if progress else None,
+    )
+    layers: list[kt.LayerTuning | None] = [None] * len(plans)
+    for i, r in zip(tuned, results, strict=True):
+        layers[i] = r
+    saving = float(sum(r.dense_cost - r.cost for r in results))
+    overhead = _overhead(config, frame_shape, frame_dtype, cache, repeats)
+    plan = "cached" if saving > overhead else "dense"
+    return Tuning(
+        plan=plan,
+        layers=tuple(layers),
+        saving=saving,
+        overhead=overhead,
+        measured=cache.puts - before,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _overhead(config: Config, frame_shape, frame_dtype, cache: kt.TuningCache, repeats) -> float:
+    """The block matcher's cost over the still test's, measured once per machine
+    and setting (kept in ``cache``)."""
+    machine = kt.machine_key()
+    costs = []
+    for cfg in (config, dense_config(config)):
+        matcher = matcher_of(cfg)
+        key = f"matcher {matcher!r} {tuple(frame_shape)} {jnp.dtype(frame_dtype).name}"
+        got = cache.get(machine, key, "match")
+        if got is None:
+            got = (_matcher_cost(matcher, frame_shape, frame_dtype, repeats),)
+            cache.put(machine, key, "match", got)
+        costs.append(got[0])
+    cache.save()
+    return max(costs[0] - costs[1], 0.0)
+
+
+def _bar(items, total: int, what: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(items, total=total, desc=f"dcjax: {what} kernels", unit="kernel", leave=False)
+
+
+def stream_fractions(infos: dict, keeps_cache: Sequence[bool]) -> tuple[float, ...]:
+    """Per layer, the mean dirty fraction over the frames of ``infos`` (stacked
+    step infos of a model whose layers all keep caches) that were neither
+    refreshes nor still frames skipped; 1.0 when no frame qualifies."""
+    reuse = np.asarray(infos["reuse_fraction"], float)
+    keep = ~np.asarray(infos["refreshed"], bool) & ~np.asarray(infos["skipped"], bool)
+    n = len(keeps_cache)
+    if not keep.any():
+        return (1.0,) * n
+    dirty = 1.0 - reuse[keep][:, :n].mean(axis=0)
+    return tuple(float(d) for d in dirty)

@@ -1,0 +1,394 @@
+"""Kernel choice by measurement: time each candidate kernel of a layer on this machine.
+
+Contract:
+
+- `candidates(p, backend)` lists the `KernelChoice`s that can compute a layer
+  (its `TilePlan`) on a backend: always ``"dense"`` (the whole convolution,
+  no cache), the tile kernel ``"xla"``, the row kernel ``"rows"`` where it
+  computes the layer itself (not depthwise), ``"pallas_gpu"`` on GPU where it
+  supports the layer.
+- `measure(p, choice, fractions)` times one candidate on the layer's real
+  shapes at each dirty fraction of the output (seconds a call, the least of
+  ``repeats`` calls after a warm-up): random input and weights, the cache
+  donated and fed back as it is in the step, a reuse mask whose dirty pixels
+  form one centred rectangle covering the fraction (DeepCache's masks are
+  blobs). Each candidate is compiled once; the mask is an argument.
+- `TuningCache` keeps measurements in a JSON file keyed by the machine
+  (`machine_key`: backend, device kind, cores, jax and jaxlib versions) and
+  the layer's geometry (`layer_key`), so a layer is measured once per machine
+  and software; `default_path` says where the file lives.
+- `expected_cost(costs, fraction, refresh_every)` is the mean cost a frame of
+  a stream pays: the cost at the layer's dirty fraction (linear between the
+  measured fractions; without a fraction, the mean over all fractions from 0
+  to 1), with one frame in ``refresh_every`` fully dirty.
+- `tune(plans, backend, ...)` measures (or reads) every candidate of every
+  layer and returns a `LayerTuning` per layer: its candidates' costs and the
+  choice of least expected cost.
+
+Nothing here knows about models or streams: `dcjax.autotune` decides per
+model (which fractions, whether the cached plan beats the dense one).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dcjax.kernels import auto as _auto
+from dcjax.kernels import rows as _rows
+from dcjax.kernels.masked import masked_conv
+from dcjax.kernels.tiles import TilePlan
+
+__all__ = [
+    "CACHE_ENV",
+    "FRACTIONS",
+    "TUNINGS",
+    "TUNING_ENV",
+    "KernelChoice",
+    "LayerTuning",
+    "TuningCache",
+    "blob_mask",
+    "candidates",
+    "default_path",
+    "expected_cost",
+    "layer_key",
+    "machine_key",
+    "measure",
+    "resolve_tuning",
+    "tune",
+]
+
+#: Dirty fractions of a layer's output at which each candidate is timed; the
+#: cost between them is linear (`expected_cost`).
+FRACTIONS: tuple[float, ...] = (0.0, 0.125, 0.25, 0.5, 1.0)
+
+#: Environment variable naming the measurements' file (`default_path`).
+CACHE_ENV = "DCJAX_TUNING_CACHE"
+
+#: How ``kernel="auto"`` picks each layer's kernel (`dcjax.Config.tuning`):
+#: ``"measure"`` times the candidates on this machine (`tune`); ``"prior"``
+#: takes the rules of `dcjax.kernels.auto`, measured once on a 2-core machine.
+TUNINGS: tuple[str, ...] = ("measure", "prior")
+
+#: Environment variable giving the tuning when `dcjax.Config.tuning` is None.
+TUNING_ENV = "DCJAX_TUNING"
+
+
+def resolve_tuning(tuning: str | None) -> str:
+    """``tuning``, else ``$DCJAX_TUNING``, else ``"measure"``; an unknown value is an error."""
+    got = tuning if tuning is not None else os.environ.get(TUNING_ENV) or "measure"
+    if got not in TUNINGS:
+        where = "Config.tuning" if tuning is not None else f"${TUNING_ENV}"
+        raise ValueError(f"dcjax: {where} must be one of {TUNINGS}, got {got!r}")
+    return got
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KernelChoice:
+    """A concrete way to compute a reused convolution (see `dcjax.kernels.masked_conv`).
+
+    Attributes:
+        impl: ``"dense"``, ``"xla"``, ``"rows"``, ``"pallas_gpu"`` or
+            ``"pallas_tpu"`` (never ``"auto"``).
+        tile: the tile kernels' output tile, or None for `tiles.default_tile`.
+        chunk: the row kernel's smallest step, or None for its own rule.
+    """
+
+    impl: str
+    tile: tuple[int, int] | None = None
+    chunk: int | None = None
+
+    @property
+    def name(self) -> str:
+        """A short stable name: ``"xla"``, ``"xla:8x8"``, ``"rows:64"``."""
+        if self.tile is not None:
+            return f"{self.impl}:{self.tile[0]}x{self.tile[1]}"
+        if self.chunk is not None:
+            return f"{self.impl}:{self.chunk}"
+        return self.impl
+
+    @property
+    def keeps_cache(self) -> bool:
+        """Whether the layer reads a cache under this choice (all but ``"dense"``)."""
+        return self.impl != "dense"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LayerTuning:
+    """The measurements and the choice for one layer.
+
+    Attributes:
+        costs: candidate name -> seconds a call at each of `FRACTIONS`.
+        expected: candidate name -> `expected_cost` at the layer's fraction.
+        choice: the candidate of least expected cost.
+        fraction: the dirty fraction it was chosen for (None: all fractions).
+    """
+
+    costs: Mapping[str, tuple[float, ...]]
+    expected: Mapping[str, float]
+    choice: KernelChoice
+    fraction: float | None
+
+    @property
+    def dense_cost(self) -> float:
+        """Expected seconds a frame of the layer computed in full."""
+        return self.expected["dense"]
+
+    @property
+    def cost(self) -> float:
+        """Expected seconds a frame of the chosen candidate."""
+        return self.expected[self.choice.name]
+
+
+def candidates(p: TilePlan, backend: str, scattered: bool = False) -> tuple[KernelChoice, ...]:
+    """The kernels that can compute the layer ``p`` on ``backend`` (see the module docstring)."""
+    out = [KernelChoice(impl="dense"), KernelChoice(impl="xla")]
+    if p.groups == 1 or _rows.computes_groups(p.cin, p.groups):
+        out.append(KernelChoice(impl="rows", chunk=_auto.row_chunk(p, scattered)))
+    if backend == "gpu":
+        from dcjax.kernels import pallas_gpu
+
+        if pallas_gpu.supports((p.kh, p.kw, p.cin // p.groups, p.cout), p.groups):
+            out.append(KernelChoice(impl="pallas_gpu"))
+    return tuple(out)
+
+
+def blob_mask(n: int, ho: int, wo: int, fraction: float) -> np.ndarray:
+    """A bool (n, ho, wo) reuse mask, false on one centred rectangle holding about
+    ``fraction`` of the pixels (all true at 0, all false at 1)."""
+    mask = np.ones((n, ho, wo), bool)
+    if fraction <= 0:
+        return mask
+    side = float(np.sqrt(fraction))
+    dh = min(ho, max(1, round(ho * side)))
+    dw = min(wo, max(1, round(fraction * ho * wo / dh)))
+    y0, x0 = (ho - dh) // 2, (wo - dw) // 2
+    mask[:, y0 : y0 + dh, x0 : x0 + dw] = False
+    return mask
+
+
+def _compiled(p: TilePlan, choice: KernelChoice, dtype=jnp.float32):
+    """``choice`` on the layer ``p``, compiled, and its arguments but the mask."""
+    geometry = p.geometry
+    keys = jax.random.split(jax.random.key(0), 2)
+    x = jax.random.normal(keys[0], (p.n, p.h, p.w, p.cin), dtype)
+    w = jax.random.normal(keys[1], (p.kh, p.kw, p.cin // p.groups, p.cout), dtype)
+    cached = jnp.zeros((p.n, p.ho, p.wo, p.cout), dtype)
+
+    def call(x, w, mask, cached):
+        return masked_conv(
+            x, w, mask, cached, geometry, impl=choice.impl, tile=choice.tile, chunk=choice.chunk,
+            interpret=choice.impl.startswith("pallas") and jax.default_backend() == "cpu",
+        )  # fmt: skip
+
+    mask = jax.ShapeDtypeStruct((p.n, p.ho, p.wo), jnp.bool_)
+    fn = jax.jit(call, donate_argnums=(3,)).lower(x, w, mask, cached).compile()
+    return fn, x, w, cached
+
+
+def _timed(p: TilePlan, compiled, fractions: Sequence[float], repeats: int) -> tuple[float, ...]:
+    fn, x, w, cached = compiled
+    out = []
+    for fraction in fractions:
+        mask = jnp.asarray(blob_mask(p.n, p.ho, p.wo, fraction))
+        cached = fn(x, w, mask, cached).block_until_ready()  # a warm-up call
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            cached = fn(x, w, mask, cached).block_until_ready()
+            best = min(best, time.perf_counter() - t0)
+        out.append(best)
+    return tuple(out)
+
+
+def measure(
+    p: TilePlan,
+    choice: KernelChoice,
+    fractions: Sequence[float] = FRACTIONS,
+    *,
+    repeats: int = 5,
+    dtype=jnp.float32,
+) -> tuple[float, ...]:
+    """Seconds a call of ``choice`` on the layer ``p`` at each of ``fractions``
+    (see the module docstring)."""
+    return _timed(p, _compiled(p, choice, dtype), fractions, repeats)
+
+
+def expected_cost(
+    costs: Sequence[float],
+    fraction: float | None,
+    refresh_every: int | None,
+    fractions: Sequence[float] = FRACTIONS,
+) -> float:
+    """Mean seconds a frame (see the module docstring)."""
+    costs = np.asarray(costs, float)
+    if fraction is None:
+        xs = np.asarray(fractions, float)
+        steady = float(np.sum((costs[1:] + costs[:-1]) / 2 * np.diff(xs)) / (xs[-1] - xs[0]))
+    else:
+        steady = float(np.interp(min(max(fraction, 0.0), 1.0), fractions, costs))
+    if not refresh_every:
+        return steady
+    full = float(np.interp(1.0, fractions, costs))
+    return steady + (full - steady) / refresh_every
+
+
+def machine_key() -> str:
+    """What a measurement depends on besides the layer: backend, device kind,
+    cores this process may use, jax and jaxlib versions."""
+    import jaxlib
+
+    device = jax.devices()[0]
+    return "|".join(
+        (
+            jax.default_backend(),
+            str(getattr(device, "device_kind", "?")),
+            f"{_cores()} cores",
+            f"jax {jax.__version__}",
+            f"jaxlib {jaxlib.__version__}",
+        )
+    )
+
+
+def _cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def layer_key(p: TilePlan, dtype=jnp.float32) -> str:
+    """The layer's geometry as a string: what its measurements depend on."""
+    return (
+        f"n{p.n} {p.h}x{p.w}x{p.cin} -> {p.ho}x{p.wo}x{p.cout} k{p.kh}x{p.kw} "
+        f"s{p.strides} pad{p.pads} d{p.dilation} g{p.groups} {jnp.dtype(dtype).name}"
+    )
+
+
+def default_path() -> Path:
+    """``$DCJAX_TUNING_CACHE``, else ``$XDG_CACHE_HOME/dcjax/tuning.json`` (``~/.cache``
+    when unset)."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "dcjax" / "tuning.json"
+
+
+class TuningCache:
+    """Measurements kept in a JSON file: ``{machine: {layer: {candidate: [seconds at
+    each fraction]}}}`` with the fractions recorded beside them.
+
+    A missing or unreadable file is an empty cache (an unreadable one is
+    replaced at the next `save`). `save` merges with what other processes
+    wrote meanwhile and replaces the file atomically. ``path=None`` keeps the
+    measurements in memory only.
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None) -> None:
+        self.path = None if path is None else Path(path)
+        self._data = self._read()
+        self._dirty: dict[tuple[str, str, str], list[float]] = {}
+        self.puts = 0  # measurements put since it was opened
+
+    def _read(self) -> dict:
+        if self.path is None or not self.path.exists():
+            return {}
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict) or data.get("fractions") != list(FRACTIONS):
+            return {}
+        return data.get("machines", {})
+
+    def get(self, machine: str, layer: str, candidate: str) -> tuple[float, ...] | None:
+        got = self._data.get(machine, {}).get(layer, {}).get(candidate)
+        return None if got is None else tuple(float(v) for v in got)
+
+    def put(self, machine: str, layer: str, candidate: str, costs: Sequence[float]) -> None:
+        values = [float(v) for v in costs]
+        self._data.setdefault(machine, {}).setdefault(layer, {})[candidate] = values
+        self._dirty[(machine, layer, candidate)] = values
+        self.puts += 1
+
+    def save(self) -> None:
+        if self.path is None or not self._dirty:
+            return
+        data = self._read()
+        for (machine, layer, candidate), values in self._dirty.items():
+            data.setdefault(machine, {}).setdefault(layer, {})[candidate] = values
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"fractions": list(FRACTIONS), "machines": data}, f, indent=1)
+        os.replace(tmp, self.path)
+        self._data, self._dirty = data, {}
+
+
+def tune(
+    plans: Sequence[TilePlan],
+    backend: str,
+    *,
+    cache: TuningCache,
+    fractions: Sequence[float | None] | None = None,
+    refresh_every: int | None = None,
+    scattered: Sequence[bool] | None = None,
+    repeats: int = 5,
+    progress: Callable[..., Iterable] | None = None,
+) -> tuple[LayerTuning, ...]:
+    """A `LayerTuning` per layer of ``plans`` (see the module docstring).
+
+    ``fractions``: per layer, the dirty fraction the stream shows (None: all
+    fractions alike). ``progress(iterable, total=n, what=...)`` wraps the
+    compiles and the measurements still to make (a tqdm bar). Each distinct
+    geometry is measured once; measurements go to ``cache``, saved at the end.
+    """
+    n = len(plans)
+    fractions = [None] * n if fractions is None else list(fractions)
+    scattered = [False] * n if scattered is None else list(scattered)
+    machine = machine_key()
+    todo: dict[tuple[str, str], tuple[TilePlan, KernelChoice]] = {}
+    per_layer = []
+    for p, sc in zip(plans, scattered, strict=True):
+        key = layer_key(p)
+        cands = candidates(p, backend, sc)
+        per_layer.append((key, cands))
+        for c in cands:
+            if cache.get(machine, key, c.name) is None:
+                todo[(key, c.name)] = (p, c)
+    items = list(todo.items())
+    progress = progress if items else None
+    # Compiling dominates and XLA compiles outside the GIL: every candidate is
+    # compiled first, on as many threads as there are cores; timing starts once
+    # every compile is done, so that none runs beside a timed call.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=_cores()) as pool:
+        futures = [pool.submit(_compiled, p, c) for _, (p, c) in items]
+        done = concurrent.futures.as_completed(futures)
+        for _ in progress(done, total=len(items), what="compiling") if progress else done:
+            pass
+    compiled = [f.result() for f in futures]
+    steps = list(zip(items, compiled, strict=True))
+    for ((key, name), (p, _)), fn in (
+        progress(steps, total=len(items), what="timing") if progress else steps
+    ):
+        cache.put(machine, key, name, _timed(p, fn, FRACTIONS, repeats))
+    cache.save()
+    out = []
+    for (key, cands), fraction in zip(per_layer, fractions, strict=True):
+        costs = {c.name: cache.get(machine, key, c.name) for c in cands}
+        expected = {name: expected_cost(v, fraction, refresh_every) for name, v in costs.items()}
+        best = min(cands, key=lambda c: expected[c.name])
+        out.append(LayerTuning(costs=costs, expected=expected, choice=best, fraction=fraction))
+    return tuple(out)

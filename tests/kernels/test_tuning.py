@@ -1,0 +1,118 @@
+"""Kernel choice by measurement (`dcjax.kernels.tuning`): candidates, masks,
+expected costs, the measurements' file, and the choice made from them."""
+
+import json
+
+import numpy as np
+import pytest
+
+from dcjax.kernels import ConvGeometry, plan
+from dcjax.kernels import tuning as kt
+
+
+def _layer(h=12, cin=8, cout=8, k=3, groups=1):
+    return plan(
+        (1, h, h, cin),
+        (k, k, cin // groups, cout),
+        ConvGeometry(strides=(1, 1), padding="SAME", groups=groups),
+    )
+
+
+def test_candidates_are_dense_tiles_and_rows_where_rows_compute_the_layer():
+    names = [c.name for c in kt.candidates(_layer(), "cpu")]
+    assert names[:2] == ["dense", "xla"] and names[2].startswith("rows")
+    depthwise = [c.impl for c in kt.candidates(_layer(groups=8), "cpu")]
+    assert depthwise == ["dense", "xla"]  # the row kernel leaves depthwise layers to xla
+    assert not kt.KernelChoice(impl="dense").keeps_cache
+    assert kt.KernelChoice(impl="xla", tile=(4, 8)).name == "xla:4x8"
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.1, 0.3, 0.5, 1.0])
+def test_blob_mask_is_one_rectangle_of_the_fraction(fraction):
+    m = kt.blob_mask(2, 20, 30, fraction)
+    assert m.shape == (2, 20, 30) and (m[0] == m[1]).all()
+    assert abs((~m).mean() - fraction) <= 0.03
+    if 0 < fraction < 1:
+        ys, xs = np.nonzero(~m[0])
+        assert (~m[0][ys.min() : ys.max() + 1, xs.min() : xs.max() + 1]).all()
+
+
+def test_expected_cost_interpolates_averages_and_counts_refreshes():
+    fr = kt.FRACTIONS
+    costs = [1.0 + 4.0 * f for f in fr]  # linear: 1 + 4f
+    assert kt.expected_cost(costs, 0.375, None) == pytest.approx(2.5)
+    assert kt.expected_cost(costs, None, None) == pytest.approx(3.0)  # the mean over [0, 1]
+    # one frame in 10 fully dirty (cost 5)
+    assert kt.expected_cost(costs, 0.375, 10) == pytest.approx(0.9 * 2.5 + 0.1 * 5.0)
+    assert kt.expected_cost(costs, 2.0, None) == pytest.approx(5.0)  # clipped to [0, 1]
+
+
+def test_measure_times_every_fraction():
+    got = kt.measure(_layer(), kt.KernelChoice(impl="xla"), (0.0, 1.0), repeats=1)
+    assert len(got) == 2 and all(0 < t < 10 for t in got)
+
+
+def test_cache_round_trip_merge_and_bad_files(tmp_path):
+    path = tmp_path / "t.json"
+    a, b = kt.TuningCache(path), kt.TuningCache(path)
+    a.put("m", "layer1", "xla", [1, 2, 3, 4, 5])
+    a.save()
+    b.put("m", "layer2", "dense", [5, 5, 5, 5, 5])
+    b.save()  # merges what `a` wrote meanwhile
+    c = kt.TuningCache(path)
+    assert c.get("m", "layer1", "xla") == (1, 2, 3, 4, 5)
+    assert c.get("m", "layer2", "dense") == (5, 5, 5, 5, 5)
+    assert c.get("other machine", "layer1", "xla") is None
+    path.write_text("{not json")
+    assert kt.TuningCache(path).get("m", "layer1", "xla") is None
+    path.write_text(
+        json.dumps({"fractions": [0, 1], "machines": {"m": {"layer1": {"xla": [1, 2]}}}})
+    )
+    assert kt.TuningCache(path).get("m", "layer1", "xla") is None  # another grid: ignored
+    memory = kt.TuningCache(None)
+    memory.put("m", "l", "x", [1.0])
+    memory.save()  # nothing written
+    assert memory.get("m", "l", "x") == (1.0,)
+
+
+def _fake_timings(monkeypatch, costs):
+    """Measurements by candidate impl: ``costs[impl](fraction)``; counts the calls."""
+    calls = []
+    monkeypatch.setattr(kt, "_compiled", lambda p, c, dtype=None: c)
+
+    def timed(p, choice, fractions, repeats):
+        calls.append(choice.name)
+        return tuple(costs[choice.impl](f) for f in fractions)
+
+    monkeypatch.setattr(kt, "_timed", timed)
+    return calls
+
+
+def test_tune_chooses_the_least_expected_cost_and_measures_once(monkeypatch, tmp_path):
+    calls = _fake_timings(
+        monkeypatch,
+        {"dense": lambda f: 1.0, "xla": lambda f: 0.1 + 1.5 * f, "rows": lambda f: 0.3 + 0.8 * f},
+    )
+    layers = [_layer(), _layer(), _layer(h=10)]
+    cache = kt.TuningCache(tmp_path / "t.json")
+    out = kt.tune(layers, "cpu", cache=cache, fractions=[0.05, 0.5, 0.95])
+    assert [t.choice.impl for t in out] == ["xla", "rows", "dense"]
+    assert len(calls) == 6  # two geometries, three candidates each
+    assert out[1].expected["rows:" + str(out[1].choice.chunk)] == pytest.approx(0.7)
+    again = kt.tune(layers, "cpu", cache=kt.TuningCache(tmp_path / "t.json"), fractions=[0.05] * 3)
+    assert len(calls) == 6  # read from the file
+    assert [t.choice.impl for t in again] == ["xla"] * 3
+    # without fractions every fraction counts alike, a refresh every 2 frames included
+    uniform = kt.tune(layers[:1], "cpu", cache=cache, refresh_every=2)[0]
+    assert uniform.expected["xla"] == pytest.approx(0.5 * 0.85 + 0.5 * 1.6)
+
+
+def test_resolve_tuning(monkeypatch):
+    monkeypatch.delenv(kt.TUNING_ENV, raising=False)
+    assert kt.resolve_tuning(None) == "measure"
+    monkeypatch.setenv(kt.TUNING_ENV, "prior")
+    assert kt.resolve_tuning(None) == "prior"
+    assert kt.resolve_tuning("measure") == "measure"
+    monkeypatch.setenv(kt.TUNING_ENV, "fast")
+    with pytest.raises(ValueError, match=r"\$DCJAX_TUNING must be one of"):
+        kt.resolve_tuning(None)

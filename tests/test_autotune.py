@@ -1,0 +1,168 @@
+"""The measured plan (`dcjax.autotune`): per-layer kernels from measurements,
+the dense plan where caching cannot pay, calibration on the stream's frames."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dcjax
+from dcjax import autotune
+from dcjax.kernels import tuning as kt
+
+SHAPE = (24, 24, 3)
+
+
+class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Conv(8, (3, 3))(x))
+        x = nn.relu(nn.Conv(8, (3, 3))(x))
+        x = nn.Conv(8, (1, 1))(x)
+        return x.mean(axis=(1, 2))
+
+
+@pytest.fixture(scope="module")
+def model():
+    net = Net()
+    return net, net.init(jax.random.key(0), jnp.zeros((1, *SHAPE)))
+
+
+def _frames(t=6, seed=0):
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, (SHAPE[0] + t, SHAPE[1] + t, 3)).astype(np.uint8)
+    frames = np.stack([base[i : i + SHAPE[0], : SHAPE[1]] for i in range(t)])
+    frames[3] = frames[2]  # a still frame
+    return frames
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    """Timings by impl as the test sets them; a matcher cost of its choosing."""
+    monkeypatch.setenv(kt.CACHE_ENV, str(tmp_path / "tuning.json"))
+    costs = {}
+    monkeypatch.setattr(kt, "_compiled", lambda p, c, dtype=None: c)
+    monkeypatch.setattr(
+        kt, "_timed", lambda p, c, fractions, repeats: tuple(costs[c.impl](f) for f in fractions)
+    )
+    matcher = {"diamond": 1e-4, "static": 1e-5}
+    monkeypatch.setattr(autotune, "_matcher_cost", lambda m, *a: matcher[m.name])
+    return costs, matcher
+
+
+def _check_outputs(cached, net, variables, frames):
+    state = cached.init()
+    for f in frames:
+        out, state, info = cached.step(state, f)
+        want = net.apply(variables, jnp.asarray(f, jnp.float32)[None] / 255.0)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=2e-4, atol=2e-5)
+    return info
+
+
+def test_sparse_kernels_that_pay_make_a_cached_plan(model, fake):
+    costs, _ = fake
+    costs.update(dense=lambda f: 1e-3, xla=lambda f: 1e-4 + 5e-4 * f, rows=lambda f: 2e-3)
+    net, variables = model
+    cached = dcjax.transform(
+        net, variables, frame_shape=SHAPE, config=dcjax.Config(tuning="measure")
+    )
+    t = cached.tuning
+    assert t.plan == "cached" and t.saving > t.overhead > 0
+    assert [c.impl for c in t.choices] == ["xla"] * 3
+    assert [lp.kernel.impl for lp in cached.plan.layers] == ["xla"] * 3
+    assert all(cached.keeps_cache) and cached.config.kernel == "auto"
+    assert dcjax.Config(tuning="measure") == cached.config
+    _check_outputs(cached, net, variables, _frames())
+
+
+def test_dense_kernels_everywhere_make_the_dense_plan_with_the_still_skip(model, fake):
+    costs, _ = fake
+    costs.update(dense=lambda f: 1e-4, xla=lambda f: 2e-4, rows=lambda f: 3e-4)
+    net, variables = model
+    cached = dcjax.transform(
+        net, variables, frame_shape=SHAPE, config=dcjax.Config(tuning="measure")
+    )
+    assert cached.tuning.plan == "dense" and cached.tuning.saving == 0
+    assert cached.config == autotune.dense_config(dcjax.Config(tuning="measure"))
+    assert not any(cached.keeps_cache)
+    frames = _frames()
+    _check_outputs(cached, net, variables, frames)
+    state = cached.init()
+    skipped = []
+    for f in frames:
+        _, state, info = cached.step(state, f)
+        skipped.append(bool(info["skipped"]))
+    assert skipped == [False, False, False, True, False, False]
+
+
+def test_a_saving_below_the_matchers_cost_makes_the_dense_plan(model, fake, monkeypatch, tmp_path):
+    costs, matcher = fake
+    costs.update(dense=lambda f: 1e-3, xla=lambda f: 0.9e-3, rows=lambda f: 2e-3)
+    net, variables = model
+    # saving 3 x 0.1 ms against a matcher 1 ms dearer than the still test
+    matcher["diamond"] = 1.1e-3
+    cached = dcjax.transform(
+        net, variables, frame_shape=SHAPE, config=dcjax.Config(tuning="measure")
+    )
+    assert cached.tuning.plan == "dense"
+    assert cached.tuning.overhead == pytest.approx(1.1e-3 - 1e-5)
+    matcher["diamond"] = 1e-4  # now it pays (measured afresh: another file)
+    monkeypatch.setenv(kt.CACHE_ENV, str(tmp_path / "other.json"))
+    cached = dcjax.transform(
+        net, variables, frame_shape=SHAPE, config=dcjax.Config(tuning="measure")
+    )
+    assert cached.tuning.plan == "cached"
+
+
+def test_calibration_frames_choose_for_the_streams_fractions(model, fake):
+    costs, _ = fake
+    # xla pays below a dirty fraction of 0.5, rows above it
+    costs.update(dense=lambda f: 1e-3, xla=lambda f: 1.6e-3 * f, rows=lambda f: 0.4e-3 + 0.4e-3 * f)
+    net, variables = model
+    cfg = dcjax.Config(tuning="measure", refresh_every=None)
+    rng = np.random.default_rng(1)
+    busy = np.repeat(_frames()[:1], 6, axis=0)
+    busy[:, :, :16] = rng.integers(0, 256, (6, SHAPE[0], 16, 3))  # two thirds new every frame
+    cached = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, calibration=busy)
+    fractions = [t.fraction for t in cached.tuning.layers]
+    assert all(0.6 < f < 1 for f in fractions), fractions
+    assert [c.impl for c in cached.tuning.choices] == ["rows"] * 3
+    # a clip that changes in one corner only
+    quiet = np.repeat(busy[:1], 6, axis=0)
+    quiet[1::2, :4, :4] = 255 - quiet[1::2, :4, :4]
+    cached = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, calibration=quiet)
+    assert all(0 < t.fraction < 0.5 for t in cached.tuning.layers)
+    assert [c.impl for c in cached.tuning.choices] == ["xla"] * 3
+    with pytest.raises(ValueError, match="calibration must be frames of shape"):
+        dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, calibration=busy[:1])
+
+
+def test_real_measurements_are_made_once_and_kept(model, monkeypatch, tmp_path):
+    monkeypatch.setenv(kt.CACHE_ENV, str(tmp_path / "tuning.json"))
+    net, variables = model
+    cfg = dcjax.Config(tuning="measure")
+    first = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=False)
+    assert first.tuning.measured > 0 and (tmp_path / "tuning.json").exists()
+    for t in first.tuning.layers:
+        assert set(t.costs) == {c.name for c in kt.candidates(_plan_of(t, first), "cpu")}
+        assert all(len(v) == len(kt.FRACTIONS) and min(v) > 0 for v in t.costs.values())
+    second = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=False)
+    assert second.tuning.measured == 0
+    assert second.tuning.choices == first.tuning.choices
+    _check_outputs(second, net, variables, _frames())
+
+
+def _plan_of(t, cached):
+    from dcjax.transforms import queries
+
+    plans = queries.layer_tile_plans(cached._analysis)
+    return plans[[x is t for x in cached.tuning.layers].index(True)]
+
+
+def test_tuning_runs_only_for_auto_and_is_checked(model, fake):
+    net, variables = model
+    for cfg in (dcjax.Config(tuning="prior"), dcjax.Config(kernel="xla", tuning="measure")):
+        assert dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg).tuning is None
+    with pytest.raises(ValueError, match="Config.tuning must be None or one of"):
+        dcjax.Config(tuning="fast")
