@@ -10,7 +10,10 @@ What users call:
 - `CachedModel`, `CacheState`: the compiled model and its per-stream state;
 - `Streams` (``cached.streams(n, mesh=...)``): many streams stepped together,
   pooled layer by layer, optionally split over devices and processes;
-- `exit_point`: mark a semantic exit point in a plain JAX function.
+- `exit_point`: mark a semantic exit point in a plain JAX function;
+- `adaptive` / `Adaptive`: several measured plans of one model, switched at
+  run time by the stream's dirty fraction; `calibrate`: the dirty fractions a
+  few frames show, per layer.
 
 Subpackages: `dcjax.matching` (block matchers), `dcjax.transforms` (the jaxpr
 passes), `dcjax.kernels` (masked sparse convolution), `dcjax.models` (Flax
@@ -22,13 +25,15 @@ memory), `dcjax.eval` (the measuring harness and baselines), `dcjax.bench`
 __version__ = "0.1.0"
 
 from dcjax.config import Config, RefineConfig, SemanticConfig  # noqa: E402
-from dcjax.deepcache import CachedModel, transform  # noqa: E402
+from dcjax.deepcache import CachedModel, calibrate, transform  # noqa: E402
 from dcjax.matching import Match  # noqa: E402
 from dcjax.state import CacheState  # noqa: E402
 from dcjax.streams import Streams  # noqa: E402
+from dcjax.switching import Adaptive, adaptive  # noqa: E402
 from dcjax.transforms.exits import exit_point  # noqa: E402
 
 __all__ = [
+    "Adaptive",
     "CacheState",
     "CachedModel",
     "Config",
@@ -37,6 +42,8 @@ __all__ = [
     "SemanticConfig",
     "Streams",
     "__version__",
+    "adaptive",
+    "calibrate",
     "exit_point",
     "transform",
 ]

@@ -16,6 +16,10 @@ transform calls `tune_model` between the analysis and `dcjax.plan.make_plan`:
    the frame's shape). When the saving does not pay for it, the plan is
    ``"dense"``: the step computes every layer in full and keeps only the
    still-frame skip, found by the same-position matcher (`dense_config`).
+   Only where that changes nothing but the speed (`may_fall_back`: the
+   still-frame skip on, a PSNR block matcher); elsewhere (DeepMon's
+   histograms, no matcher) the plan stays ``"cached"`` with the measured
+   kernels, dense ones included.
 
 The decision is made once per transform; `Tuning` records it, with every
 measurement, for ``CachedModel.tuning`` and the benchmarks.
@@ -37,7 +41,16 @@ from dcjax.matching import StreamMatcher
 from dcjax.transforms import queries
 from dcjax.transforms.records import Analysis
 
-__all__ = ["PLANS", "Tuning", "dense_config", "matcher_of", "stream_fractions", "tune_model"]
+__all__ = [
+    "PLANS",
+    "Calibration",
+    "Tuning",
+    "dense_config",
+    "matcher_of",
+    "may_fall_back",
+    "stream_fractions",
+    "tune_model",
+]
 
 #: What `tune_model` may decide: reuse with the measured kernels, or the dense
 #: step with the still-frame skip.
@@ -85,7 +98,7 @@ class Tuning:
 
 def dense_config(config: Config) -> Config:
     """``config`` for the dense plan: every layer in full, no refinement or exact
-    updates, the same-position matcher for the still-frame skip, no statistics."""
+    updates, the same-position matcher for the still-frame skip."""
     return dataclasses.replace(
         config,
         kernel="dense",
@@ -94,9 +107,15 @@ def dense_config(config: Config) -> Config:
         refine=None,
         fuse_blocks=False,
         dense_updates=False,
-        statistics=False,
         tuning="prior",
     )
+
+
+def may_fall_back(config: Config) -> bool:
+    """Whether the dense plan is open to ``config``: it keeps the still-frame
+    skip and matches blocks by PSNR (not DeepMon's histograms, nor no matcher),
+    so that only the speed of the step changes."""
+    return config.skip_unchanged and config.matcher not in ("histogram", "none")
 
 
 def matcher_of(config: Config) -> StreamMatcher:
@@ -135,7 +154,7 @@ def tune_model(
     frame_shape: tuple[int, int, int],
     frame_dtype=jnp.uint8,
     backend: str | None = None,
-    fractions: Sequence[float] | None = None,
+    fractions: Sequence[float] | float | None = None,
     cache: kt.TuningCache | None = None,
     repeats: int = 5,
     progress: bool = True,
@@ -149,7 +168,8 @@ def tune_model(
         frame_dtype: the frames' dtype.
         backend: default: jax's default backend.
         fractions: per layer, the dirty fraction the stream shows
-            (`stream_fractions`); None: every fraction alike.
+            (`stream_fractions`), or one for every layer; None: every
+            fraction alike.
         cache: where measurements are read and kept; default: the file at
             `dcjax.kernels.tuning.default_path`.
         repeats: timed calls per measurement.
@@ -160,6 +180,8 @@ def tune_model(
     cache = kt.TuningCache(kt.default_path()) if cache is None else cache
     plans = queries.layer_tile_plans(analysis)
     tuned = [i for i, p in enumerate(plans) if p is not None]
+    if isinstance(fractions, (int, float)):
+        fractions = [float(fractions)] * len(plans)
     if fractions is not None and len(fractions) != len(plans):
         raise ValueError(
             f"dcjax: tune_model got {len(fractions)} fractions for {len(plans)} layers"
@@ -179,7 +201,7 @@ def tune_model(
         layers[i] = r
     saving = float(sum(r.dense_cost - r.cost for r in results))
     overhead = _overhead(config, frame_shape, frame_dtype, cache, repeats)
-    plan = "cached" if saving > overhead else "dense"
+    plan = "cached" if saving > overhead or not may_fall_back(config) else "dense"
     return Tuning(
         plan=plan,
         layers=tuple(layers),
@@ -213,14 +235,29 @@ def _bar(items, total: int, what: str):
     return tqdm(items, total=total, desc=f"dcjax: {what} kernels", unit="kernel", leave=False)
 
 
-def stream_fractions(infos: dict, keeps_cache: Sequence[bool]) -> tuple[float, ...]:
-    """Per layer, the mean dirty fraction over the frames of ``infos`` (stacked
-    step infos of a model whose layers all keep caches) that were neither
-    refreshes nor still frames skipped; 1.0 when no frame qualifies."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """Dirty fractions a stream shows (`stream_fractions`).
+
+    Attributes:
+        layers: per layer, the mean fraction of its output that was computed.
+        input: the mean fraction of input pixels the matcher could not reuse.
+        frames: how many frames counted (neither refreshes nor still frames).
+    """
+
+    layers: tuple[float, ...]
+    input: float
+    frames: int
+
+
+def stream_fractions(infos: dict, n_layers: int) -> Calibration:
+    """The mean dirty fractions over the frames of ``infos`` (stacked step infos
+    of a model whose layers all keep caches) that were neither refreshes nor
+    still frames skipped; all 1.0 when no frame qualifies."""
     reuse = np.asarray(infos["reuse_fraction"], float)
     keep = ~np.asarray(infos["refreshed"], bool) & ~np.asarray(infos["skipped"], bool)
-    n = len(keeps_cache)
     if not keep.any():
-        return (1.0,) * n
-    dirty = 1.0 - reuse[keep][:, :n].mean(axis=0)
-    return tuple(float(d) for d in dirty)
+        return Calibration(layers=(1.0,) * n_layers, input=1.0, frames=0)
+    dirty = 1.0 - reuse[keep][:, :n_layers].mean(axis=0)
+    level = 1.0 - float(np.asarray(infos["input_reuse"], float)[keep].mean())
+    return Calibration(layers=tuple(float(d) for d in dirty), input=level, frames=int(keep.sum()))

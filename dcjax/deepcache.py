@@ -62,6 +62,7 @@ from dcjax.transforms.trace import check_frame_shape, trace_model
 
 __all__ = [
     "CacheState",
+    "calibrate",
     "CachedModel",
     "Config",
     "Match",
@@ -105,7 +106,7 @@ class CachedModel:
         config: Config,
         preprocess: Callable[[jax.Array], jax.Array] | None,
         input_dtype: Any,
-        tuning_fractions: Sequence[float] | None = None,
+        tuning_fractions: Sequence[float] | float | None = None,
         progress: bool = True,
     ) -> None:
         if not isinstance(config, Config):
@@ -410,8 +411,10 @@ def transform(
         and config.semantic is None
         and resolve_tuning(config.tuning) == "measure"
     ):
-        fractions = _calibrate(model, variables, frame_shape, config, preprocess, input_dtype,
-                               calibration)  # fmt: skip
+        fractions = calibrate(
+            model, variables, frame_shape=frame_shape, frames=calibration, config=config,
+            preprocess=preprocess, input_dtype=input_dtype,
+        ).layers  # fmt: skip
     return CachedModel(
         model,
         variables,
@@ -424,19 +427,29 @@ def transform(
     )
 
 
-def _calibrate(model, variables, frame_shape, config, preprocess, input_dtype, frames):
-    """Per layer, the dirty fraction ``frames`` show with every layer cached
-    (`dcjax.autotune.stream_fractions`)."""
+def calibrate(
+    model: Any,
+    variables: Any,
+    *,
+    frame_shape: tuple[int, int, int],
+    frames: Any,
+    config: Config | None = None,
+    preprocess: Callable[[jax.Array], jax.Array] | None = None,
+    input_dtype: Any = jnp.float32,
+) -> autotune.Calibration:
+    """The dirty fractions ``frames`` (``(T >= 2, H, W, C)``) show, per layer and
+    at the input, run with every layer cached (`dcjax.autotune.stream_fractions`)."""
     frames = jnp.asarray(frames)
     if frames.ndim != 4 or frames.shape[0] < 2 or tuple(frames.shape[1:]) != tuple(frame_shape):
         raise ValueError(
             "dcjax: calibration must be frames of shape (T >= 2, "
             f"{', '.join(map(str, frame_shape))}), got {tuple(frames.shape)}"
         )
+    config = Config() if config is None else config
     probe = CachedModel(
         model, variables, frame_shape=frame_shape,
         config=dataclasses.replace(config, kernel="xla", tuning="prior", fuse_blocks=False),
         preprocess=preprocess, input_dtype=input_dtype,
     )  # fmt: skip
     _, _, infos = probe.run(frames)
-    return autotune.stream_fractions(jax.device_get(infos), probe.keeps_cache)
+    return autotune.stream_fractions(jax.device_get(infos), len(probe.layers))

@@ -44,10 +44,14 @@ def fake(monkeypatch, tmp_path):
     costs = {}
     monkeypatch.setattr(kt, "_compiled", lambda p, c, dtype=None: c)
     monkeypatch.setattr(
-        kt, "_timed", lambda p, c, fractions, repeats: tuple(costs[c.impl](f) for f in fractions)
+        kt,
+        "_timed",
+        lambda p, group, fractions, repeats: {
+            name: tuple(costs[c.impl](f) for f in fractions) for name, c in group.items()
+        },
     )
     matcher = {"diamond": 1e-4, "static": 1e-5}
-    monkeypatch.setattr(autotune, "_matcher_cost", lambda m, *a: matcher[m.name])
+    monkeypatch.setattr(autotune, "_matcher_cost", lambda m, *a: matcher.get(m.name, 1e-4))
     return costs, matcher
 
 
@@ -166,3 +170,17 @@ def test_tuning_runs_only_for_auto_and_is_checked(model, fake):
         assert dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg).tuning is None
     with pytest.raises(ValueError, match="Config.tuning must be None or one of"):
         dcjax.Config(tuning="fast")
+
+
+def test_the_dense_plan_is_not_taken_where_it_would_change_the_method(model, fake):
+    costs, _ = fake
+    costs.update(dense=lambda f: 1e-4, xla=lambda f: 2e-4, rows=lambda f: 3e-4)
+    net, variables = model
+    for cfg in (
+        dcjax.Config(tuning="measure", skip_unchanged=False),
+        dcjax.Config(tuning="measure", matcher="histogram"),
+    ):
+        cached = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg)
+        assert cached.tuning.plan == "cached" and cached.config == cfg
+        assert [c.impl for c in cached.tuning.choices] == ["dense"] * 3
+        assert not any(cached.keeps_cache)

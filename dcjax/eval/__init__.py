@@ -5,7 +5,8 @@
   modules are imported, which this package does for all of them:
   `dcjax.eval.methods` (``nocache``, ``deepcache``),
   `dcjax.eval.refine_methods` (``deepcache+refine``, ``delta``),
-  `dcjax.eval.semantic_methods` (``semantic``, ``deepcache+semantic``), and
+  `dcjax.eval.semantic_methods` (``semantic``, ``deepcache+semantic``),
+  `dcjax.eval.switching_method` (``adaptive``), and
   the baselines `dcjax.eval.deepmon`, `dcjax.eval.mil`, `dcjax.eval.frame`;
 - `dcjax.eval.harness`: ``evaluate`` (interleaved per-frame timing of methods on
   the same frames), ``model_spec``, ``load_frames``;
@@ -33,6 +34,7 @@ from dcjax.eval import (
     refine_methods,
     registry,
     semantic_methods,
+    switching_method,
 )
 from dcjax.eval.harness import Evaluation, evaluate, load_frames, model_spec
 from dcjax.eval.metrics import check_record, make_record
@@ -58,4 +60,5 @@ __all__ = [
     "register_method",
     "registry",
     "semantic_methods",
+    "switching_method",
 ]

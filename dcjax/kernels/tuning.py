@@ -196,19 +196,24 @@ def _compiled(p: TilePlan, choice: KernelChoice, dtype=jnp.float32):
     return fn, x, w, cached
 
 
-def _timed(p: TilePlan, compiled, fractions: Sequence[float], repeats: int) -> tuple[float, ...]:
-    fn, x, w, cached = compiled
-    out = []
-    for fraction in fractions:
-        mask = jnp.asarray(blob_mask(p.n, p.ho, p.wo, fraction))
-        cached = fn(x, w, mask, cached).block_until_ready()  # a warm-up call
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            cached = fn(x, w, mask, cached).block_until_ready()
-            best = min(best, time.perf_counter() - t0)
-        out.append(best)
-    return tuple(out)
+def _timed(
+    p: TilePlan, compiled: Mapping[str, tuple], fractions: Sequence[float], repeats: int
+) -> dict[str, tuple[float, ...]]:
+    """Seconds a call of each compiled candidate of the layer ``p`` at each of
+    ``fractions``: the least of ``repeats`` calls, the candidates taking turns
+    call by call, so that a change of the machine's load meets them all alike."""
+    masks = [jnp.asarray(blob_mask(p.n, p.ho, p.wo, f)) for f in fractions]
+    state = {name: list(c) for name, c in compiled.items()}
+    best = {name: [float("inf")] * len(fractions) for name in compiled}
+    for rep in range(repeats + 1):  # the first round warms up
+        for k, mask in enumerate(masks):
+            for name, (fn, x, w, cached) in state.items():
+                t0 = time.perf_counter()
+                cached = fn(x, w, mask, cached).block_until_ready()
+                if rep:
+                    best[name][k] = min(best[name][k], time.perf_counter() - t0)
+                state[name][3] = cached
+    return {name: tuple(v) for name, v in best.items()}
 
 
 def measure(
@@ -221,7 +226,7 @@ def measure(
 ) -> tuple[float, ...]:
     """Seconds a call of ``choice`` on the layer ``p`` at each of ``fractions``
     (see the module docstring)."""
-    return _timed(p, _compiled(p, choice, dtype), fractions, repeats)
+    return _timed(p, {choice.name: _compiled(p, choice, dtype)}, fractions, repeats)[choice.name]
 
 
 def expected_cost(
@@ -378,12 +383,15 @@ def tune(
         done = concurrent.futures.as_completed(futures)
         for _ in progress(done, total=len(items), what="compiling") if progress else done:
             pass
-    compiled = [f.result() for f in futures]
-    steps = list(zip(items, compiled, strict=True))
-    for ((key, name), (p, _)), fn in (
-        progress(steps, total=len(items), what="timing") if progress else steps
-    ):
-        cache.put(machine, key, name, _timed(p, fn, FRACTIONS, repeats))
+    by_layer: dict[str, dict[str, tuple]] = {}
+    for ((key, name), (p, _)), f in zip(items, futures, strict=True):
+        by_layer.setdefault(key, {})[name] = (p, f.result())
+    layers = list(by_layer.items())
+    for key, group in progress(layers, total=len(layers), what="timing") if progress else layers:
+        p = next(iter(group.values()))[0]
+        timed = _timed(p, {name: c for name, (_, c) in group.items()}, FRACTIONS, repeats)
+        for name, costs in timed.items():
+            cache.put(machine, key, name, costs)
     cache.save()
     out = []
     for (key, cands), fraction in zip(per_layer, fractions, strict=True):

@@ -3,6 +3,7 @@ expected costs, the measurements' file, and the choice made from them."""
 
 import json
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -52,6 +53,25 @@ def test_measure_times_every_fraction():
     assert len(got) == 2 and all(0 < t < 10 for t in got)
 
 
+def test_candidates_of_a_layer_are_timed_in_turns():
+    p = _layer()
+    calls = []
+
+    def fake_fn(name):
+        def fn(x, w, mask, cached):
+            calls.append((name, float(mask.mean())))
+            return cached
+
+        return fn
+
+    x = w = cached = jnp.zeros(())
+    group = {n: (fake_fn(n), x, w, cached) for n in ("a", "b")}
+    out = kt._timed(p, group, (0.0, 1.0), repeats=2)
+    assert set(out) == {"a", "b"} and all(len(v) == 2 for v in out.values())
+    # warm-up round then 2 timed rounds; per fraction, a then b
+    assert calls == [("a", 1.0), ("b", 1.0), ("a", 0.0), ("b", 0.0)] * 3
+
+
 def test_cache_round_trip_merge_and_bad_files(tmp_path):
     path = tmp_path / "t.json"
     a, b = kt.TuningCache(path), kt.TuningCache(path)
@@ -80,9 +100,9 @@ def _fake_timings(monkeypatch, costs):
     calls = []
     monkeypatch.setattr(kt, "_compiled", lambda p, c, dtype=None: c)
 
-    def timed(p, choice, fractions, repeats):
-        calls.append(choice.name)
-        return tuple(costs[choice.impl](f) for f in fractions)
+    def timed(p, group, fractions, repeats):
+        calls.extend(group)
+        return {name: tuple(costs[c.impl](f) for f in fractions) for name, c in group.items()}
 
     monkeypatch.setattr(kt, "_timed", timed)
     return calls
