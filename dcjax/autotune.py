@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +49,7 @@ __all__ = [
     "dense_config",
     "matcher_of",
     "may_fall_back",
+    "race",
     "stream_fractions",
     "tune_model",
 ]
@@ -71,6 +73,8 @@ class Tuning:
             cost over the still-frame test's.
         measured: measurements made now (0 when all came from the file).
         seconds: wall time of the tuning.
+        raced: mean seconds a frame of the tuned plan and of the dense plan
+            over calibration frames (`race`), where they raced; else None.
     """
 
     plan: str
@@ -79,6 +83,7 @@ class Tuning:
     overhead: float
     measured: int
     seconds: float
+    raced: tuple[float, float] | None = None
 
     @property
     def choices(self) -> tuple[kt.KernelChoice | None, ...]:
@@ -93,6 +98,12 @@ class Tuning:
             f"plan {self.plan}: kernels {counts or 'none'}; expected saving "
             f"{self.saving * 1e3:.2f} ms a frame against {self.overhead * 1e3:.2f} ms of "
             f"matching ({self.measured} measurements, {self.seconds:.1f} s)"
+            + (
+                ""
+                if self.raced is None
+                else f"; raced on the calibration frames: tuned {self.raced[0] * 1e3:.2f} ms, "
+                f"dense {self.raced[1] * 1e3:.2f} ms a frame"
+            )
         )
 
 
@@ -227,6 +238,24 @@ def _overhead(config: Config, frame_shape, frame_dtype, cache: kt.TuningCache, r
         costs.append(got[0])
     cache.save()
     return max(costs[0] - costs[1], 0.0)
+
+
+def race(models: Sequence[Any], frames: Any, rounds: int = 2) -> tuple[float, ...]:
+    """Mean seconds a frame of each model's step over ``frames``, the models
+    taking turns frame by frame, ``rounds`` times over the frames after a
+    first pass that compiles (each model keeps its own stream state)."""
+    frames = [jnp.asarray(f) for f in frames]
+    states = [m.init() for m in models]
+    totals = [0.0] * len(models)
+    for r in range(rounds + 1):
+        for f in frames:
+            for i, m in enumerate(models):
+                t0 = time.perf_counter()
+                out, states[i], _ = m.step(states[i], f)
+                jax.block_until_ready(out)
+                if r:
+                    totals[i] += time.perf_counter() - t0
+    return tuple(t / (rounds * len(frames)) for t in totals)
 
 
 def _bar(items, total: int, what: str):

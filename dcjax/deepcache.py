@@ -394,8 +394,11 @@ def transform(
         calibration: a few frames ``(T, H, W, C)`` of the stream (T >= 2) for
             the measured tuning (``Config.tuning``): each layer's kernel is
             chosen for the dirty fraction these frames show there, found by
-            running them through the model with every layer cached. None:
-            chosen for every fraction alike. Ignored where tuning does not run.
+            running them through the model with every layer cached; then the
+            tuned plan and the dense plan (`dcjax.autotune.dense_config`)
+            race over the frames, and the faster is returned
+            (``tuning.raced``). None: kernels chosen for every fraction
+            alike, no race. Ignored where tuning does not run.
         progress: show a progress bar while kernels are measured.
 
     Returns:
@@ -415,7 +418,7 @@ def transform(
             model, variables, frame_shape=frame_shape, frames=calibration, config=config,
             preprocess=preprocess, input_dtype=input_dtype,
         ).layers  # fmt: skip
-    return CachedModel(
+    cached = CachedModel(
         model,
         variables,
         frame_shape=frame_shape,
@@ -425,6 +428,23 @@ def transform(
         tuning_fractions=fractions,
         progress=progress,
     )
+    tuning = cached.tuning
+    if fractions is None or tuning is None or tuning.plan != "cached":
+        return cached
+    if not autotune.may_fall_back(config):
+        return cached
+    # The layers' measurements leave out what the step adds around them: the
+    # two plans race over the calibration frames, and the faster one is kept.
+    dense = CachedModel(
+        model, variables, frame_shape=frame_shape, config=autotune.dense_config(config),
+        preprocess=preprocess, input_dtype=input_dtype,
+    )  # fmt: skip
+    times = autotune.race((cached, dense), calibration)
+    winner = cached if times[0] < times[1] else dense
+    winner.tuning = dataclasses.replace(
+        tuning, plan="cached" if winner is cached else "dense", raced=times
+    )
+    return winner
 
 
 def calibrate(

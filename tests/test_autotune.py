@@ -184,3 +184,31 @@ def test_the_dense_plan_is_not_taken_where_it_would_change_the_method(model, fak
         assert cached.tuning.plan == "cached" and cached.config == cfg
         assert [c.impl for c in cached.tuning.choices] == ["dense"] * 3
         assert not any(cached.keeps_cache)
+
+
+@pytest.mark.parametrize(("times", "plan"), [((2e-3, 1e-3), "dense"), ((1e-3, 2e-3), "cached")])
+def test_with_calibration_frames_the_faster_plan_of_a_race_is_kept(
+    model, fake, monkeypatch, times, plan
+):
+    costs, _ = fake
+    costs.update(dense=lambda f: 1e-3, xla=lambda f: 1e-4, rows=lambda f: 2e-3)
+    monkeypatch.setattr(autotune, "race", lambda models, frames: times)
+    net, variables = model
+    cfg = dcjax.Config(tuning="measure")
+    cached = dcjax.transform(
+        net, variables, frame_shape=SHAPE, config=cfg, calibration=_frames(), progress=False
+    )
+    assert cached.tuning.plan == plan and cached.tuning.raced == times
+    assert any(cached.keeps_cache) == (plan == "cached")
+    assert "raced on the calibration frames" in cached.tuning.summary()
+    _check_outputs(cached, net, variables, _frames())
+
+
+def test_race_times_each_model_on_the_frames(model):
+    net, variables = model
+    models = [
+        dcjax.transform(net, variables, frame_shape=SHAPE, config=dcjax.Config(kernel=k))
+        for k in ("xla", "dense")
+    ]
+    times = autotune.race(models, _frames(4), rounds=1)
+    assert len(times) == 2 and all(0 < t < 5 for t in times)

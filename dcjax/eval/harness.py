@@ -55,6 +55,7 @@ from dcjax.eval.methods import state_bytes
 from dcjax.eval.registry import ModelSpec, Runner, make_runner, parse_method
 
 __all__ = [
+    "CALIBRATION_FRAMES",
     "BASELINES",
     "Evaluation",
     "evaluate",
@@ -68,6 +69,10 @@ __all__ = [
 
 #: The methods every evaluation runs as baselines (`dcjax.eval.methods`).
 BASELINES = ("nocache", "plain")
+
+#: The first frames of a clip that a method's measured tuning calibrates on
+#: (`ModelSpec.calibration`), where the spec brings none.
+CALIBRATION_FRAMES = 16
 
 
 def load_frames(
@@ -307,6 +312,9 @@ def evaluate(
         raise ValueError(
             f"dcjax: frames have shape {frames.shape[1:]} but the model takes {spec.frame_shape}"
         )
+    if spec.calibration is None and len(frames) >= 2:
+        # the measured tuning calibrates on the stream's first frames
+        spec = dataclasses.replace(spec, calibration=frames[:CALIBRATION_FRAMES])
     parsed: list[tuple[str, str, dict]] = []
     for m in methods:
         if isinstance(m, str):

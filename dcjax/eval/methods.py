@@ -246,6 +246,7 @@ def transform(spec: ModelSpec, config: Config) -> deepcache.CachedModel:
         frame_shape=spec.frame_shape,
         config=config,
         preprocess=spec.preprocess,
+        calibration=spec.calibration,
     )
 
 

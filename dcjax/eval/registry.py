@@ -114,6 +114,8 @@ class ModelSpec:
             (divide by 255).
         fps: frame rate of the stream (for time-based policies such as DeepMon's
             cache expiry).
+        calibration: frames ``(T, H, W, 3)`` of the stream for the measured
+            tuning (`dcjax.deepcache.transform`'s ``calibration``), or None.
     """
 
     name: str
@@ -122,6 +124,7 @@ class ModelSpec:
     frame_shape: tuple[int, int, int]
     preprocess: Callable[[jax.Array], jax.Array] | None = None
     fps: float = 10.0
+    calibration: Any = None
 
     @functools.cached_property
     def analysis(self) -> deepcache.CachedModel:

@@ -75,7 +75,8 @@ def _adaptive(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
     def build(cfg) -> Runner:
         a = switching.adaptive(
             spec.module, spec.variables, frame_shape=spec.frame_shape, config=cfg,
-            levels=levels, preprocess=spec.preprocess, **controller,
+            levels=levels, preprocess=spec.preprocess, calibration=spec.calibration,
+            **controller,
         )  # fmt: skip
         first = a.models[0]
         return Runner(
