@@ -128,6 +128,7 @@ def test_compiled_steps_are_kept_between_runs(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     env.update(XDG_CACHE_HOME=str(tmp_path), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     env.pop("DCJAX_COMPILATION_CACHE", None)
+    env.pop("JAX_ENABLE_COMPILATION_CACHE", None)  # the suite turns it off (tests/conftest.py)
     proc = subprocess.run(
         [sys.executable, "-m", "dcjax", "run", "vtest", *TINY, "--method", "deepcache"],
         capture_output=True, text=True, timeout=600, env=env,
