@@ -468,7 +468,9 @@ def calibrate(
     config = Config() if config is None else config
     probe = CachedModel(
         model, variables, frame_shape=frame_shape,
-        config=dataclasses.replace(config, kernel="xla", tuning="prior", fuse_blocks=False),
+        config=dataclasses.replace(
+            config, kernel="xla", tuning="prior", fuse_blocks=False, statistics=True
+        ),
         preprocess=preprocess, input_dtype=input_dtype,
     )  # fmt: skip
     _, _, infos = probe.run(frames)

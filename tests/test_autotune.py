@@ -212,3 +212,18 @@ def test_race_times_each_model_on_the_frames(model):
     ]
     times = autotune.race(models, _frames(4), rounds=1)
     assert len(times) == 2 and all(0 < t < 5 for t in times)
+
+
+def test_calibration_reports_fractions_whatever_the_statistics_setting(model):
+    net, variables = model
+    rng = np.random.default_rng(2)
+    frames = np.repeat(_frames()[:1], 5, axis=0)
+    frames[:, :8, :8] = rng.integers(0, 256, (5, 8, 8, 3))
+    for statistics in (True, False):
+        cal = dcjax.calibrate(
+            net, variables, frame_shape=SHAPE, frames=frames,
+            config=dcjax.Config(statistics=statistics),
+        )  # fmt: skip
+        assert cal.frames == 4  # the first frame is a refresh
+        assert 0 < cal.input < 0.5
+        assert all(cal.input <= f <= 1 for f in cal.layers), cal.layers

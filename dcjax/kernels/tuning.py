@@ -237,6 +237,8 @@ def expected_cost(
 ) -> float:
     """Mean seconds a frame (see the module docstring)."""
     costs = np.asarray(costs, float)
+    if fraction is not None and not np.isfinite(fraction):
+        raise ValueError(f"dcjax: a dirty fraction must be a number in [0, 1], got {fraction!r}")
     if fraction is None:
         xs = np.asarray(fractions, float)
         steady = float(np.sum((costs[1:] + costs[:-1]) / 2 * np.diff(xs)) / (xs[-1] - xs[0]))

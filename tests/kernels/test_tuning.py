@@ -46,6 +46,8 @@ def test_expected_cost_interpolates_averages_and_counts_refreshes():
     # one frame in 10 fully dirty (cost 5)
     assert kt.expected_cost(costs, 0.375, 10) == pytest.approx(0.9 * 2.5 + 0.1 * 5.0)
     assert kt.expected_cost(costs, 2.0, None) == pytest.approx(5.0)  # clipped to [0, 1]
+    with pytest.raises(ValueError, match="dirty fraction must be a number"):
+        kt.expected_cost(costs, float("nan"), None)
 
 
 def test_measure_times_every_fraction():
