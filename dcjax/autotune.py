@@ -49,14 +49,16 @@ __all__ = [
     "dense_config",
     "matcher_of",
     "may_fall_back",
+    "nocache_config",
     "race",
     "stream_fractions",
     "tune_model",
 ]
 
-#: What `tune_model` may decide: reuse with the measured kernels, or the dense
-#: step with the still-frame skip.
-PLANS = ("cached", "dense")
+#: What the tuning may decide: reuse with the measured kernels, the dense step
+#: with the still-frame skip (`dense_config`), or, after a race on calibration
+#: frames, the dense step with no matcher at all (`nocache_config`).
+PLANS = ("cached", "dense", "nocache")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -73,8 +75,9 @@ class Tuning:
             cost over the still-frame test's.
         measured: measurements made now (0 when all came from the file).
         seconds: wall time of the tuning.
-        raced: mean seconds a frame of the tuned plan and of the dense plan
-            over calibration frames (`race`), where they raced; else None.
+        raced: mean seconds a frame of the tuned, the dense and the nocache
+            plans over calibration frames (`race`), where they raced; else
+            None.
     """
 
     plan: str
@@ -83,7 +86,7 @@ class Tuning:
     overhead: float
     measured: int
     seconds: float
-    raced: tuple[float, float] | None = None
+    raced: tuple[float, ...] | None = None
 
     @property
     def choices(self) -> tuple[kt.KernelChoice | None, ...]:
@@ -101,8 +104,9 @@ class Tuning:
             + (
                 ""
                 if self.raced is None
-                else f"; raced on the calibration frames: tuned {self.raced[0] * 1e3:.2f} ms, "
-                f"dense {self.raced[1] * 1e3:.2f} ms a frame"
+                else "; raced on the calibration frames: "
+                + ", ".join(f"{p} {t * 1e3:.2f} ms" for p, t in zip(PLANS, self.raced))
+                + " a frame"
             )
         )
 
@@ -120,6 +124,12 @@ def dense_config(config: Config) -> Config:
         dense_updates=False,
         tuning="prior",
     )
+
+
+def nocache_config(config: Config) -> Config:
+    """`dense_config` without a matcher or the still-frame skip: the dense step
+    and the state's bookkeeping alone."""
+    return dataclasses.replace(dense_config(config), matcher="none", skip_unchanged=False)
 
 
 def may_fall_back(config: Config) -> bool:

@@ -395,9 +395,10 @@ def transform(
             the measured tuning (``Config.tuning``): each layer's kernel is
             chosen for the dirty fraction these frames show there, found by
             running them through the model with every layer cached; then the
-            tuned plan and the dense plan (`dcjax.autotune.dense_config`)
-            race over the frames, and the faster is returned
-            (``tuning.raced``). None: kernels chosen for every fraction
+            tuned plan, the dense plan (`dcjax.autotune.dense_config`) and
+            the dense step without a matcher (`dcjax.autotune.nocache_config`)
+            race over the frames, and the fastest is returned
+            (``tuning.plan``, ``tuning.raced``). None: kernels chosen for every fraction
             alike, no race. Ignored where tuning does not run.
         progress: show a progress bar while kernels are measured.
 
@@ -434,16 +435,22 @@ def transform(
     if not autotune.may_fall_back(config):
         return cached
     # The layers' measurements leave out what the step adds around them: the
-    # two plans race over the calibration frames, and the faster one is kept.
-    dense = CachedModel(
-        model, variables, frame_shape=frame_shape, config=autotune.dense_config(config),
-        preprocess=preprocess, input_dtype=input_dtype,
-    )  # fmt: skip
-    times = autotune.race((cached, dense), calibration)
-    winner = cached if times[0] < times[1] else dense
-    winner.tuning = dataclasses.replace(
-        tuning, plan="cached" if winner is cached else "dense", raced=times
-    )
+    # plans race over the calibration frames, and the fastest is kept.
+    models = [cached] + [
+        CachedModel(
+            model,
+            variables,
+            frame_shape=frame_shape,
+            config=make(config),
+            preprocess=preprocess,
+            input_dtype=input_dtype,
+        )  # fmt: skip
+        for make in (autotune.dense_config, autotune.nocache_config)
+    ]
+    times = autotune.race(models, calibration)
+    best = int(np.argmin(times))
+    winner = models[best]
+    winner.tuning = dataclasses.replace(tuning, plan=autotune.PLANS[best], raced=tuple(times))
     return winner
 
 

@@ -186,7 +186,14 @@ def test_the_dense_plan_is_not_taken_where_it_would_change_the_method(model, fak
         assert not any(cached.keeps_cache)
 
 
-@pytest.mark.parametrize(("times", "plan"), [((2e-3, 1e-3), "dense"), ((1e-3, 2e-3), "cached")])
+@pytest.mark.parametrize(
+    ("times", "plan"),
+    [
+        ((2e-3, 1e-3, 3e-3), "dense"),
+        ((1e-3, 2e-3, 3e-3), "cached"),
+        ((3e-3, 2e-3, 1e-3), "nocache"),
+    ],
+)
 def test_with_calibration_frames_the_faster_plan_of_a_race_is_kept(
     model, fake, monkeypatch, times, plan
 ):
@@ -200,6 +207,10 @@ def test_with_calibration_frames_the_faster_plan_of_a_race_is_kept(
     )
     assert cached.tuning.plan == plan and cached.tuning.raced == times
     assert any(cached.keeps_cache) == (plan == "cached")
+    assert (
+        cached.config.matcher == {"cached": "diamond", "dense": "static", "nocache": "none"}[plan]
+    )
+    assert cached.config.skip_unchanged == (plan != "nocache")
     assert "raced on the calibration frames" in cached.tuning.summary()
     _check_outputs(cached, net, variables, _frames())
 

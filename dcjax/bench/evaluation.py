@@ -249,9 +249,11 @@ def run_bench(
                                                  fps=fps, input_size=size)  # fmt: skip
             base = bases[size]
             spec = base if fps == base.fps else dataclasses.replace(base, fps=fps)
-            # Runners whose config records the frame rate (DeepMon's expiry) depend on it.
+            # Runners whose config records the frame rate (DeepMon's expiry) depend on
+            # it; those with a measured plan, on the clip they calibrated on.
             cache = {k: r for k, r in caches.get(size, {}).items()
-                     if r.config.get("fps", fps) == fps}  # fmt: skip
+                     if r.config.get("fps", fps) == fps
+                     and r.config.get("plan", "prior") == "prior"}  # fmt: skip
             caches[size] = cache  # shared across the videos of this size
             clip = harness.load_frames(paths[v], None if native else spec.frame_shape,
                                        frames=frames, start=start,
