@@ -10,6 +10,7 @@ import pytest
 import dcjax
 from dcjax import autotune
 from dcjax.kernels import tuning as kt
+from tests.tuning_fakes import fake_measurements
 
 SHAPE = (24, 24, 3)
 
@@ -40,19 +41,9 @@ def _frames(t=6, seed=0):
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
     """Timings by impl as the test sets them; a matcher cost of its choosing."""
-    monkeypatch.setenv(kt.CACHE_ENV, str(tmp_path / "tuning.json"))
     costs = {}
-    monkeypatch.setattr(kt, "_compiled", lambda p, c, dtype=None: c)
-    monkeypatch.setattr(
-        kt,
-        "_timed",
-        lambda p, group, fractions, repeats: {
-            name: tuple(costs[c.impl](f) for f in fractions) for name, c in group.items()
-        },
-    )
     matcher = {"diamond": 1e-4, "static": 1e-5}
-    monkeypatch.setattr(autotune, "_matcher_cost", lambda m, *a: matcher.get(m.name, 1e-4))
-    return costs, matcher
+    return costs, fake_measurements(monkeypatch, tmp_path / "tuning.json", costs, matcher)
 
 
 def _check_outputs(cached, net, variables, frames):

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 import dcjax
-from dcjax import autotune
-from dcjax.kernels import tuning as kt
 from dcjax.switching import Adaptive, Switch
+from tests.tuning_fakes import fake_measurements
 
 
 class _Plan:
@@ -103,22 +102,13 @@ class Net(nn.Module):
 
 
 def test_measured_plans_switch_on_a_real_stream_and_stay_exact(monkeypatch, tmp_path):
-    monkeypatch.setenv(kt.CACHE_ENV, str(tmp_path / "tuning.json"))
     # the tile kernel pays at low dirty fractions, the row kernel at 1/2, nothing at 1
     costs = {
         "dense": lambda f: 1e-3,
         "xla": lambda f: 2e-3 * f + 1e-5,
         "rows": lambda f: 0.4e-3 + 0.8e-3 * f,
     }
-    monkeypatch.setattr(kt, "_compiled", lambda p, c, dtype=None: c)
-    monkeypatch.setattr(
-        kt,
-        "_timed",
-        lambda p, group, fractions, repeats: {
-            name: tuple(costs[c.impl](f) for f in fractions) for name, c in group.items()
-        },
-    )
-    monkeypatch.setattr(autotune, "_matcher_cost", lambda m, *a: 1e-6)
+    fake_measurements(monkeypatch, tmp_path / "tuning.json", costs)
     net = Net()
     variables = net.init(jax.random.key(0), jnp.zeros((1, *SHAPE)))
     cfg = dcjax.Config(tuning="measure", refresh_every=None, min_match=0.0)

@@ -31,7 +31,6 @@ model (which fractions, whether the cached plan beats the dense one).
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import json
 import os
@@ -377,17 +376,14 @@ def tune(
                 todo[(key, c.name)] = (p, c)
     items = list(todo.items())
     progress = progress if items else None
-    # Compiling dominates and XLA compiles outside the GIL: every candidate is
-    # compiled first, on as many threads as there are cores; timing starts once
-    # every compile is done, so that none runs beside a timed call.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=_cores()) as pool:
-        futures = [pool.submit(_compiled, p, c) for _, (p, c) in items]
-        done = concurrent.futures.as_completed(futures)
-        for _ in progress(done, total=len(items), what="compiling") if progress else done:
-            pass
+    # Every candidate is compiled before any is timed, so that no compile runs
+    # beside a timed call. (Compiling on a pool of threads, one per core, gained
+    # nothing on 2 cores: docs/performance-notes.md.)
     by_layer: dict[str, dict[str, tuple]] = {}
-    for ((key, name), (p, _)), f in zip(items, futures, strict=True):
-        by_layer.setdefault(key, {})[name] = (p, f.result())
+    for (key, name), (p, c) in (
+        progress(items, total=len(items), what="compiling") if progress else items
+    ):
+        by_layer.setdefault(key, {})[name] = (p, _compiled(p, c))
     layers = list(by_layer.items())
     for key, group in progress(layers, total=len(layers), what="timing") if progress else layers:
         p = next(iter(group.values()))[0]

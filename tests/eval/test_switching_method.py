@@ -6,24 +6,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dcjax import autotune
 from dcjax.eval.registry import make_runner
-from dcjax.kernels import tuning as kt
+from tests.tuning_fakes import fake_measurements
 
 
 @pytest.fixture
 def fake_timings(monkeypatch, tmp_path):
-    monkeypatch.setenv(kt.CACHE_ENV, str(tmp_path / "tuning.json"))
     costs = {"dense": lambda f: 1e-3, "xla": lambda f: 2e-3 * f, "rows": lambda f: 3e-3}
-    monkeypatch.setattr(kt, "_compiled", lambda p, c, dtype=None: c)
-    monkeypatch.setattr(
-        kt,
-        "_timed",
-        lambda p, group, fractions, repeats: {
-            n: tuple(costs[c.impl](f) for f in fractions) for n, c in group.items()
-        },
-    )
-    monkeypatch.setattr(autotune, "_matcher_cost", lambda m, *a: 1e-6)
+    fake_measurements(monkeypatch, tmp_path / "tuning.json", costs)
 
 
 def test_adaptive_runs_its_plans_and_equals_the_model(spec, clip, fake_timings):

@@ -1,0 +1,23 @@
+"""Measured tuning without timing anything, for the tests of what it decides."""
+
+from dcjax import autotune
+from dcjax.kernels import tuning as kt
+
+
+def fake_measurements(monkeypatch, path, costs, matcher=None):
+    """Candidates cost ``costs[impl](fraction)`` seconds a call and a matcher
+    ``matcher.get(name, 1e-6)`` seconds (both looked up when measured, so a
+    test may change them); measurements are kept in the file ``path``.
+    Returns ``matcher``."""
+    monkeypatch.setenv(kt.CACHE_ENV, str(path))
+    monkeypatch.setattr(kt, "_compiled", lambda p, c, dtype=None: c)
+    monkeypatch.setattr(
+        kt,
+        "_timed",
+        lambda p, group, fractions, repeats: {
+            name: tuple(costs[c.impl](f) for f in fractions) for name, c in group.items()
+        },
+    )
+    matcher = {} if matcher is None else matcher
+    monkeypatch.setattr(autotune, "_matcher_cost", lambda m, *a: matcher.get(m.name, 1e-6))
+    return matcher
