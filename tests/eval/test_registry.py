@@ -106,6 +106,9 @@ _BAD_SPECS = [
     ("semantic:max_exits=0", "max_exits"),
     ("deepcache+semantic:min_agreement=2", "min_agreement"),
     ("semantic:holdout=0.9", "holdout"),
+    ("adaptive:patience=0", "patience=0"),
+    ("adaptive:levels=0.5|0.2", "levels"),
+    ("adaptive:smoothing=2", "smoothing=2"),
 ]
 
 
