@@ -95,13 +95,20 @@ def nothing_sparse_note(record: dict[str, Any]) -> str:
         return ""
     import jax
 
-    kernel = record.get("config", {}).get("kernel", "auto")
-    why = (
-        f'kernel="auto" computes in full the layers too small or too thin for a sparse '
-        f"kernel to pay on this backend ({jax.default_backend()}; dcjax/kernels/auto.py)"
-        if kernel == "auto"
-        else f'kernel="{kernel}" computes every layer in full'
-    )
+    config = record.get("config", {})
+    kernel, plan = config.get("kernel", "auto"), config.get("plan", "prior")
+    if kernel != "auto":
+        why = f'kernel="{kernel}" computes every layer in full'
+    elif plan in ("dense", "nocache"):
+        why = (
+            f"timed on this machine ({jax.default_backend()}), no sparse plan beat the dense "
+            f'step, so the step runs the "{plan}" plan (dcjax/autotune.py; cached.tuning)'
+        )
+    else:
+        why = (
+            f'kernel="auto" computes in full the layers too small or too thin for a sparse '
+            f"kernel to pay on this backend ({jax.default_backend()}; dcjax/kernels/auto.py)"
+        )
     return (
         f"\nNo layer of {record['model']} is computed sparsely here: {why}. The cached step "
         "is then the network plus matching: it saves time only on frames that match whole "

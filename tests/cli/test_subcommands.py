@@ -94,6 +94,10 @@ def test_nothing_sparse_note_only_when_every_layer_ran_in_full():
     rec = {"model": "m", "config": {"kernel": "dense"},
            "per_layer": [{"sparse": False}, {"sparse": False}]}  # fmt: skip
     assert 'kernel="dense" computes every layer in full' in subcommands.nothing_sparse_note(rec)
+    rec["config"] = {"kernel": "auto", "plan": "dense"}  # the measured tuning's dense plan
+    assert 'runs the "dense" plan' in subcommands.nothing_sparse_note(rec)
+    rec["config"] = {"kernel": "auto", "plan": "prior"}
+    assert "too small or too thin" in subcommands.nothing_sparse_note(rec)
     rec["per_layer"][1]["sparse"] = True
     assert subcommands.nothing_sparse_note(rec) == ""
     # the baseline's layers say nothing about how they ran
