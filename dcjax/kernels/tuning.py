@@ -179,10 +179,14 @@ def blob_mask(n: int, ho: int, wo: int, fraction: float) -> np.ndarray:
 def _compiled(p: TilePlan, choice: KernelChoice, dtype=jnp.float32):
     """``choice`` on the layer ``p``, compiled, and its arguments but the mask."""
     geometry = p.geometry
-    keys = jax.random.split(jax.random.key(0), 2)
-    x = jax.random.normal(keys[0], (p.n, p.h, p.w, p.cin), dtype)
-    w = jax.random.normal(keys[1], (p.kh, p.kw, p.cin // p.groups, p.cout), dtype)
-    cached = jnp.zeros((p.n, p.ho, p.wo, p.cout), dtype)
+    # Drawn by NumPy and put on the device: `jax.random` would compile a program
+    # for each new shape, more than the dense candidate's own compile.
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((p.n, p.h, p.w, p.cin), np.float32).astype(dtype))
+    w = jnp.asarray(
+        rng.standard_normal((p.kh, p.kw, p.cin // p.groups, p.cout), np.float32).astype(dtype)
+    )
+    cached = jnp.asarray(np.zeros((p.n, p.ho, p.wo, p.cout), dtype))
 
     def call(x, w, mask, cached):
         return masked_conv(
