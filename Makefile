@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dcjax-installed
-EXTRAS ?= test,video,notebooks,pretrained,skvideo
+EXTRAS ?= test,video,notebooks,pretrained,skvideo,onnx
 
 .PHONY: demo test lint bench gpu-check gpu-run install clean
 
