@@ -163,13 +163,13 @@ def message(error: BaseException) -> str:
 
 
 def check_model(parser: argparse.ArgumentParser, arg: str, name: str) -> None:
-    """A zoo model's name, else a one-line error naming ``arg``."""
+    """A zoo model's name (or a bundled ONNX model's, `dcjax.models.onnx_zoo`),
+    else a one-line error naming ``arg``."""
     from dcjax import models
 
-    if name not in models.names():
-        parser.error(
-            f"argument {arg}: unknown model {name!r}; choose from {', '.join(models.names())}"
-        )
+    known = (*models.names(), *models.onnx_zoo.names())
+    if name not in known:
+        parser.error(f"argument {arg}: unknown model {name!r}; choose from {', '.join(known)}")
 
 
 def check_method(parser: argparse.ArgumentParser, arg: str, spec: str) -> None:

@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--frames", type=common.frames_int, default=100, help="frames (default 100)")
     run.add_argument("--json", metavar="PATH", help="write the metrics records here")
     run.add_argument("--out", metavar="PATH", help="write the frames with the reuse mask here")
+    run.add_argument("--anonymize", action="store_true",
+                     help="with a detector (--model centerface) and --out: write the video with "
+                          "the detected faces blurred instead")  # fmt: skip
     run.add_argument("--outputs", metavar="PATH",
                      help="several videos: each stream's outputs here (.npz)")  # fmt: skip
     _add_frame_size_args(run, "the video's own frame size: the model built for it, the "

@@ -33,7 +33,10 @@ PROFILE_WARMUP = 5
 def _short_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     from dcjax.eval.report import SHORT_COLUMNS, summary_rows
 
-    return [{k: row[k] for k in SHORT_COLUMNS} for row in summary_rows(records)]
+    columns = SHORT_COLUMNS
+    if any("box_f1" in r for r in records):  # a detector: its fidelity beside top-1's
+        columns = (*columns, "box F1", "boxes", "heat err")
+    return [{k: row[k] for k in columns} for row in summary_rows(records)]
 
 
 def _per_layer_text(record: dict[str, Any], limit: int | None = None) -> str:
@@ -251,6 +254,8 @@ def run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     path = common.check_video(sub, "VIDEO", args.video, args.start)
     common.check_output(sub, "--json", args.json)
     common.check_output(sub, "--out", args.out, "video")
+    if args.anonymize and not args.out:
+        sub.error("argument --anonymize: needs --out (the video to write)")
     size = _input_size(sub, args, args.model, path, args.video)
     from dcjax import video
     from dcjax.eval import harness
@@ -258,6 +263,9 @@ def run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     fps = video.info(path).fps or 10.0
     spec, _ = load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=fps,
                         input_size=size)  # fmt: skip
+    if args.anonymize and spec.boxes is None:
+        sub.error(f"argument --anonymize: {args.model} finds no boxes; use a detector "
+                  "(--model centerface)")  # fmt: skip
     frames = _load(path, spec, args, frames=args.frames, start=args.start)
     print(f"{args.model} on {args.video}: {len(frames)} frames from frame {args.start} at "
           f"{spec.frame_shape[0]}x{spec.frame_shape[1]}, nocache and {args.method}",
@@ -269,7 +277,11 @@ def run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.json:
         common.write_json(args.json, ev.records)
         print(f"wrote {args.json}")
-    if args.out:
+    if args.out and args.anonymize:
+        video.write(args.out, _blurred(frames, ev.boxes[args.method]), fps=fps)
+        n = sum(len(b) for b in ev.boxes[args.method])
+        print(f"wrote {args.out} ({n} face boxes blurred over {len(frames)} frames)")
+    elif args.out:
         runner = ev.runners[args.method]
         masks = (
             harness.input_masks(runner.config, frames, ev.infos[args.method]["refreshed"])
@@ -329,6 +341,28 @@ def _profile_table(results) -> str:
 
     rows = profile.table_rows([(m, p.as_dict()) for m, p in results])
     return f"{common.table(rows)}\n{profile.TABLE_NOTE}"
+
+
+def _blurred(frames, boxes):
+    """Frames (cropped to even sizes) with each box's pixels replaced by a
+    strong blur (a box filter a third of the box's size, twice), as an
+    anonymiser does."""
+    import numpy as np
+    from scipy import ndimage
+
+    h, w = frames.shape[1] // 2 * 2, frames.shape[2] // 2 * 2
+    out = frames[:, :h, :w].copy()
+    for frame, frame_boxes in zip(out, boxes, strict=True):
+        for x1, y1, x2, y2 in np.round(np.asarray(frame_boxes)).astype(int):
+            x1, y1, x2, y2 = max(x1, 0), max(y1, 0), min(x2, w), min(y2, h)
+            if x2 <= x1 or y2 <= y1:
+                continue
+            size = max(3, min(y2 - y1, x2 - x1) // 3)
+            patch = frame[y1:y2, x1:x2].astype(np.float32)
+            for _ in range(2):
+                patch = ndimage.uniform_filter(patch, size=(size, size, 1), mode="nearest")
+            frame[y1:y2, x1:x2] = patch.clip(0, 255).astype(np.uint8)
+    return out
 
 
 def _annotate(frames, masks):

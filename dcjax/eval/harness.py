@@ -128,6 +128,8 @@ def model_spec(
     with a dense head on flattened features gets random weights of that size's
     shapes, pretrained ``efficientnet_lite0`` the same weights at every size.
     """
+    if name in models.onnx_zoo.names():
+        return _onnx_spec(name, width=width, input_size=input_size, fps=fps)
     kwargs: dict[str, Any] = {"pretrained": pretrained, "seed": seed}
     if width != 1.0:
         kwargs["width"] = width
@@ -142,6 +144,28 @@ def model_spec(
         frame_shape=(int(h), int(w), 3),
         preprocess=lambda f, _n=name: models.preprocess(_n, f),
         fps=fps,
+    )
+
+
+def _onnx_spec(
+    name: str, *, width: float, input_size: tuple[int, int] | None, fps: float
+) -> ModelSpec:
+    """A `ModelSpec` for a bundled ONNX model (`dcjax.models.onnx_zoo`): its
+    file's weights, frames fed as float32 pixel values (0 to 255)."""
+    if width != 1.0:
+        raise ValueError(f"dcjax: {name} is a real model of one width; width=1.0 only")
+    onnx_info = models.onnx_zoo.info(name)
+    model, params = models.onnx_zoo.create(name, input_size)
+    h, w = input_size if input_size is not None else onnx_info.input_shape[:2]
+    return ModelSpec(
+        name=name,
+        module=model,
+        variables=params,
+        frame_shape=(int(h), int(w), 3),
+        preprocess=lambda f: jnp.asarray(f).astype(jnp.float32),
+        fps=fps,
+        boxes=onnx_info.boxes,
+        heatmap=onnx_info.heatmap,
     )
 
 
@@ -184,6 +208,8 @@ def input_size_error(name: str, input_size: Sequence[int], *, width: float = 1.0
     the nearest size the model takes, found by tracing the model (nothing is
     computed).
     """
+    if name in models.onnx_zoo.names():
+        return models.onnx_zoo.input_size_error(name, input_size)
     h, w = int(input_size[0]), int(input_size[1])
     if _takes_size(name, (h, w), width):
         return None
@@ -230,6 +256,8 @@ class Evaluation:
         infos: variant -> per-frame step infos stacked along T (numpy).
         latencies_ms: variant -> per-frame step times.
         outputs: variant -> (T, ...) outputs (numpy).
+        boxes: for a detector (`ModelSpec.boxes`), variant -> each frame's
+            boxes; else None.
     """
 
     records: list[dict[str, Any]]
@@ -237,6 +265,7 @@ class Evaluation:
     infos: dict[str, dict[str, np.ndarray]]
     latencies_ms: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray]
+    boxes: dict[str, list[np.ndarray]] | None = None
 
 
 def first_leaf(out: Any) -> np.ndarray:
@@ -384,6 +413,8 @@ def evaluate(
     for variant, runner in reporting.items():
         if runner is not runners[variant]:  # the statistics, from an untimed pass
             infos[variant] = _replay_infos(runner, dev_frames, progress, f"{variant} statistics")
+    boxes = _boxes(spec, outs)
+    detection = _detection(spec, outs, boxes)
     stacked_out = {v: np.stack([first_leaf(o) for o in outs[v]]) for v in runners}
     stacked_info = {
         v: {k: np.stack([np.asarray(i[k]) for i in infos[v]]) for k in infos[v][0]} for v in runners
@@ -412,6 +443,7 @@ def evaluate(
                 compile_s=compile_s[variant],
                 static_frame_ms=static_ms[variant],
                 backend=backend,
+                detection=None if detection is None else detection[variant],
             )
         )
     return Evaluation(
@@ -420,7 +452,38 @@ def evaluate(
         infos=stacked_info,
         latencies_ms={v: np.asarray(t) for v, t in times.items()},
         outputs=stacked_out,
+        boxes=boxes,
     )
+
+
+def _boxes(spec: ModelSpec, outs: Mapping[str, list]) -> dict[str, list[np.ndarray]] | None:
+    """Per variant, each frame's boxes, for a detector (`ModelSpec.boxes`)."""
+    if spec.boxes is None:
+        return None
+    size = (int(spec.frame_shape[0]), int(spec.frame_shape[1]))
+    return {v: [np.asarray(spec.boxes(o, size)) for o in frames] for v, frames in outs.items()}
+
+
+def _detection(
+    spec: ModelSpec, outs: Mapping[str, list], boxes: Mapping[str, list] | None
+) -> dict[str, dict[str, Any]] | None:
+    """Per variant, a detector's `metrics.DETECTION_KEYS` against ``nocache``."""
+    if boxes is None:
+        return None
+    from dcjax.eval.detection import match_f1
+
+    out = {}
+    for variant in outs:
+        record = match_f1(boxes["nocache"], boxes[variant])
+        err = None
+        if spec.heatmap is not None:
+            err = max(
+                float(np.max(np.abs(np.asarray(spec.heatmap(o), np.float64)
+                                    - np.asarray(spec.heatmap(r), np.float64))))
+                for o, r in zip(outs[variant], outs["nocache"], strict=True)
+            )  # fmt: skip
+        out[variant] = {**record, "heatmap_max_err": err}
+    return out
 
 
 def input_masks(

@@ -55,6 +55,12 @@ report rely on it). The definitions:
   fraction is then what the layer could have skipped); None where the
   method does not say.
 - ``config``: the method's full settings.
+- Detectors' records (a `ModelSpec` with ``boxes``) also carry
+  `DETECTION_KEYS`: ``box_f1``, ``box_precision`` and ``box_recall`` of the
+  method's boxes against the no-cache output's at IoU 0.5 over the clip
+  (`dcjax.eval.detection.match_f1`), ``boxes`` and ``reference_boxes`` (how
+  many), and ``heatmap_max_err``, the largest absolute difference of the score
+  map from the no-cache one over the clip.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "DETECTION_KEYS",
     "PLAIN_FORMS",
     "RECORD_KEYS",
     "agreement",
@@ -115,6 +122,16 @@ RECORD_KEYS = (
     "timing",
 )
 
+
+#: Keys of a detector's records (see the module docstring).
+DETECTION_KEYS = (
+    "box_f1",
+    "box_precision",
+    "box_recall",
+    "boxes",
+    "reference_boxes",
+    "heatmap_max_err",
+)
 
 #: The forms of the plain baseline, ``jax.jit(model.apply)`` (see the module docstring).
 PLAIN_FORMS = ("args", "const")
@@ -235,6 +252,7 @@ def make_record(
     static_frame_ms: float | None = None,
     backend: str = "cpu",
     timing: str = "interleaved",
+    detection: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build one metrics record (see the module docstring for the definitions).
 
@@ -258,6 +276,7 @@ def make_record(
         backend: jax backend the timings come from.
         timing: how methods were timed (``interleaved``: every method steps on a
             frame before the next frame).
+        detection: a detector's `DETECTION_KEYS`, added to the record.
     """
     lat = latency_stats(latencies_ms)
     dense_ms = latency_stats(dense_latencies_ms)["mean_ms"]
@@ -316,6 +335,7 @@ def make_record(
         "static_frame_ms": None if static_frame_ms is None else float(static_frame_ms),
         "backend": backend,
         "timing": timing,
+        **({} if detection is None else {k: detection[k] for k in DETECTION_KEYS}),
     }
 
 
@@ -370,3 +390,10 @@ def check_record(record: Mapping[str, Any], *, rtol: float = 1e-9) -> None:
             raise ValueError(f"dcjax: per_layer reuse_fraction {layer} outside [0, 1]")
         if layer.get("sparse") is not None and not isinstance(layer["sparse"], bool):
             raise ValueError(f"dcjax: per_layer sparse {layer} is not a bool or None")
+    present = [k for k in DETECTION_KEYS if k in record]
+    if present and len(present) != len(DETECTION_KEYS):
+        missing = sorted(set(DETECTION_KEYS) - set(present))
+        raise ValueError(f"dcjax: a detector's record lacks {', '.join(missing)}")
+    for key in ("box_f1", "box_precision", "box_recall") if present else ():
+        if not 0 <= record[key] <= 1:
+            raise ValueError(f"dcjax: {key} {record[key]} outside [0, 1]")

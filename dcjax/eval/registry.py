@@ -116,6 +116,10 @@ class ModelSpec:
             cache expiry).
         calibration: frames ``(T, H, W, 3)`` of the stream for the measured
             tuning (`dcjax.deepcache.transform`'s ``calibration``), or None.
+        boxes: for a detector, ``boxes(output, (H, W)) -> (K, 4)``, one frame's
+            boxes; the records then carry `dcjax.eval.metrics.DETECTION_KEYS`.
+        heatmap: for a detector, ``heatmap(output)``: the score map whose
+            largest error the records report (``heatmap_max_err``).
     """
 
     name: str
@@ -125,6 +129,8 @@ class ModelSpec:
     preprocess: Callable[[jax.Array], jax.Array] | None = None
     fps: float = 10.0
     calibration: Any = None
+    boxes: Callable[[Any, tuple[int, int]], Any] | None = None
+    heatmap: Callable[[Any], Any] | None = None
 
     @functools.cached_property
     def analysis(self) -> deepcache.CachedModel:

@@ -87,6 +87,9 @@ def summary_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
             "other-frame ms": _fmt(r.get("other_frame_ms"), ".1f"),
             "static-frame ms": _fmt(r.get("static_frame_ms"), ".1f"),
             "cache MiB": _fmt(r["cache_bytes"] / 2**20, ".2f"),
+            "box F1": _fmt(r.get("box_f1"), ".3f"),
+            "boxes": _fmt(r.get("boxes")),
+            "heat err": _fmt(r.get("heatmap_max_err"), ".3g"),
         })  # fmt: skip
     return rows
 

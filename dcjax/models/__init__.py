@@ -22,6 +22,7 @@ import functools
 import importlib.resources
 from pathlib import Path
 
+from dcjax.models import onnx_zoo
 from dcjax.models.registry import (
     ModelInfo,
     abstract_variables,
@@ -44,6 +45,7 @@ __all__ = [
     "input_shape",
     "names",
     "onnx_file",
+    "onnx_zoo",
     "preprocess",
     "random_variables",
 ]

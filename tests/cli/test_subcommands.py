@@ -103,3 +103,55 @@ def test_nothing_sparse_note_only_when_every_layer_ran_in_full():
     # the baseline's layers say nothing about how they ran
     assert subcommands.nothing_sparse_note({"model": "m", "per_layer": [{"name": "a"}]}) == ""
     assert subcommands.nothing_sparse_note({"model": "m", "per_layer": []}) == ""
+
+
+def _face_clip(path, frames=4, size=256):
+    """A clip of a real face: scikit-image's astronaut photo, panning 4 pixels a frame."""
+    import numpy as np
+    from skimage import data, transform
+
+    img = (transform.resize(data.astronaut(), (size + 32, size + 32)) * 255).astype(np.uint8)
+    video.write(path, np.stack([img[8:8 + size, 4 * t:4 * t + size] for t in range(frames)]),
+                fps=10)  # fmt: skip
+    return path
+
+
+def test_run_anonymize_blurs_the_faces_a_detector_finds(tmp_path, capsys):
+    """CenterFace (the bundled ONNX file) through ``run``: detection fidelity in
+    the records, and the written video blurred inside the boxes only."""
+    import numpy as np
+
+    clip = _face_clip(tmp_path / "face.mp4")
+    js, out = tmp_path / "faces.json", tmp_path / "blurred.mp4"
+    argv = ["run", str(clip), "--model", "centerface", "--size", "256x256", "--frames", "4",
+            "--no-progress", "--json", str(js), "--out", str(out), "--anonymize"]  # fmt: skip
+    assert cli.main(argv) == 0
+    records = json.loads(js.read_text())
+    for r in records:
+        metrics.check_record(r)
+        assert set(metrics.DETECTION_KEYS) <= set(r)
+    nocache = records[0]
+    assert nocache["method"] == "nocache" and nocache["reference_boxes"] >= 4  # a face a frame
+    assert nocache["box_f1"] == 1.0 and nocache["heatmap_max_err"] == 0.0
+    assert "box F1" in capsys.readouterr().out
+    written = np.stack(list(video.read(out)))
+    source = np.stack(list(video.read(clip)))
+    changed = np.abs(written.astype(float) - source).mean(axis=(0, 3))
+    # the face (about y 25-92, x 97-148 here) is blurred; the bottom-left corner is not
+    assert changed[35:85, 105:140].mean() > 4 * changed[200:, :40].mean() + 2
+
+
+def test_run_anonymize_needs_a_detector_and_an_output(tmp_path, capsys):
+    import pytest
+
+    for extra, why in (
+        (["--model", "centerface"], "--anonymize: needs --out"),
+        (["--model", "dave", "--width", "0.25", "--out", str(tmp_path / "a.mp4")],
+         "--anonymize: dave finds no boxes"),
+        (["--model", "centerface", "--size", "100x100", "--out", str(tmp_path / "b.mp4")],
+         "multiples of 32; the nearest size it takes is 96x96"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            cli.main(["run", "vtest", "--frames", "3", "--anonymize", "--no-progress", *extra])
+        assert e.value.code == 2
+        assert why in capsys.readouterr().err
