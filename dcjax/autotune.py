@@ -250,22 +250,39 @@ def _overhead(config: Config, frame_shape, frame_dtype, cache: kt.TuningCache, r
     return max(costs[0] - costs[1], 0.0)
 
 
-def race(models: Sequence[Any], frames: Any, rounds: int = 2) -> tuple[float, ...]:
-    """Mean seconds a frame of each model's step over ``frames``, the models
-    taking turns frame by frame, ``rounds`` times over the frames after a
-    first pass that compiles (each model keeps its own stream state)."""
+def race(
+    models: Sequence[Any],
+    frames: Any,
+    rounds: int = 2,
+    *,
+    min_seconds: float = 1.0,
+    max_rounds: int = 16,
+) -> tuple[float, ...]:
+    """Seconds a frame of each model's step over ``frames``: the models take
+    turns frame by frame, after a first pass that compiles (each model keeps
+    its own stream state); a round is one pass over the frames. At least
+    ``rounds`` rounds run, and more, up to ``max_rounds``, until the slowest
+    model has been timed for ``min_seconds`` (a small network gets the rounds
+    its noise needs). Each model's figure is the median of its rounds' means,
+    so a burst of load during one round does not decide."""
     frames = [jnp.asarray(f) for f in frames]
     states = [m.init() for m in models]
-    totals = [0.0] * len(models)
-    for r in range(rounds + 1):
+    per_round: list[list[float]] = []
+    r = 0
+    while r <= rounds or (
+        r <= max_rounds and max(sum(col) for col in zip(*per_round, strict=True)) < min_seconds
+    ):
+        totals = [0.0] * len(models)
         for f in frames:
             for i, m in enumerate(models):
                 t0 = time.perf_counter()
                 out, states[i], _ = m.step(states[i], f)
                 jax.block_until_ready(out)
-                if r:
-                    totals[i] += time.perf_counter() - t0
-    return tuple(t / (rounds * len(frames)) for t in totals)
+                totals[i] += time.perf_counter() - t0
+        if r:  # the first pass compiles
+            per_round.append(totals)
+        r += 1
+    return tuple(float(np.median(col)) / len(frames) for col in zip(*per_round, strict=True))
 
 
 def _bar(items, total: int, what: str):

@@ -1,6 +1,8 @@
 """The measured plan (`dcjax.autotune`): per-layer kernels from measurements,
 the dense plan where caching cannot pay, calibration on the stream's frames."""
 
+import time
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -214,6 +216,44 @@ def test_race_times_each_model_on_the_frames(model):
     ]
     times = autotune.race(models, _frames(4), rounds=1)
     assert len(times) == 2 and all(0 < t < 5 for t in times)
+
+
+class _Sleeper:
+    """A stand-in for a cached model whose step takes ``seconds`` (10x on ``spike``'s call)."""
+
+    def __init__(self, seconds, spike=None):
+        self.seconds, self.spike, self.calls = seconds, spike, 0
+
+    def init(self):
+        return 0
+
+    def step(self, state, frame):
+        self.calls += 1
+        time.sleep(self.seconds * (10 if self.calls == self.spike else 1))
+        return np.zeros(1), state + 1, {}
+
+
+def test_race_runs_rounds_until_each_model_is_timed_long_enough():
+    fast, slow = _Sleeper(0.001), _Sleeper(0.002)
+    times = autotune.race([fast, slow], np.zeros((4, 2, 2, 3)), rounds=2, min_seconds=0.05,
+                          max_rounds=50)  # fmt: skip
+    assert times[0] < times[1]
+    assert 0.001 <= times[0] < 0.0015 and 0.002 <= times[1] < 0.003
+    rounds = slow.calls // 4 - 1  # the first pass compiles
+    # 0.05 s at 8 ms a round (a little more per sleep): about 6 rounds, far below 50
+    assert 4 <= rounds <= 8, rounds
+    assert fast.calls == slow.calls
+    capped = _Sleeper(0.001)
+    autotune.race([capped], np.zeros((4, 2, 2, 3)), rounds=1, min_seconds=10, max_rounds=3)
+    assert capped.calls == 4 * (1 + 3)
+
+
+def test_a_burst_of_load_in_one_round_does_not_decide_the_race():
+    """The faster model's step is slowed tenfold once, in its second timed round:
+    the median over the rounds still ranks it first."""
+    fast, slow = _Sleeper(0.002, spike=4 * 2 + 1), _Sleeper(0.003)
+    times = autotune.race([fast, slow], np.zeros((4, 2, 2, 3)), rounds=4, min_seconds=0)
+    assert times[0] < times[1]
 
 
 def test_calibration_reports_fractions_whatever_the_statistics_setting(model):
