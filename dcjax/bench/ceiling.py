@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     check_model(ap, "--model", args.model)
     path = check_video(ap, "--video", args.video, args.start)
-    has_weights = models.info(args.model).pretrained
+    has_weights = models.has_weights(args.model)
     if args.pretrained == "yes" and not (has_weights and args.width == 1.0):
         ap.error(
             f"argument --pretrained: {args.model}'s pretrained weights are for --width 1 only"

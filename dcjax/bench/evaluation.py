@@ -233,9 +233,12 @@ def run_bench(
     paths = {v: video.resolve(v) for v in videos}
     native = input_size == "native"
     for name in model_names:
-        spec_info = models.info(name)
-        use_pretrained = spec_info.pretrained if pretrained == "auto" else bool(pretrained)
-        use_pretrained = bool(use_pretrained and width == 1.0)
+        if name in models.onnx_zoo.names():  # a real ONNX file: its own weights
+            use_pretrained = True
+        else:
+            spec_info = models.info(name)
+            use_pretrained = spec_info.pretrained if pretrained == "auto" else bool(pretrained)
+            use_pretrained = bool(use_pretrained and width == 1.0)
         bases: dict[Any, Any] = {}  # frame size -> the model built for it
         caches: dict[Any, dict[str, Any]] = {}  # frame size -> variant -> runner
         for v in videos:

@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     hw = input_size(args, path)
     if hw is not None:
         check_input_size(ap, "--size", args.model, hw, width=args.width)
-    has = models.info(args.model).pretrained and args.width == 1.0
+    has = models.has_weights(args.model) and args.width == 1.0
     if args.pretrained == "yes" and not has:
         ap.error(f"argument --pretrained: no pretrained weights for {args.model} at this width")
     spec = harness.model_spec(

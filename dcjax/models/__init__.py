@@ -40,6 +40,7 @@ __all__ = [
     "abstract_variables",
     "create",
     "from_onnx",
+    "has_weights",
     "imagenet_labels",
     "info",
     "input_shape",
@@ -94,3 +95,9 @@ def from_onnx(path, input_shape=None):
             "dcjax: importing ONNX models needs the onnx package: pip install 'dcjax[onnx]'"
         ) from None
     return _from_onnx(path, input_shape)
+
+
+def has_weights(name: str) -> bool:
+    """Whether model ``name`` can run with real weights: a zoo model with
+    ``pretrained=True`` available, or a bundled ONNX model (`onnx_zoo`)."""
+    return name in onnx_zoo.names() or info(name).pretrained
