@@ -8,7 +8,11 @@ Subcommands:
   mask drawn over them) and ``dcjax-demo/metrics.json``.
 - ``dcjax run VIDEO --model NAME [--pretrained] [--method deepcache]
   [--frames N] [--json out.json] [--out annotated.mp4]``: one model and one
-  method (against ``nocache``) on any video FFmpeg reads.
+  method (against ``nocache``) on any video FFmpeg reads. ``--model`` is a
+  zoo model or a bundled real ONNX model (``centerface``,
+  `dcjax.models.onnx_zoo`); with a detector, the records carry box F1
+  against the uncached model and ``--anonymize --out blurred.mp4`` writes
+  the video with the faces found blurred.
 - ``dcjax profile VIDEO --model NAME [--methods ...]``: where each method's
   time goes, layer by layer.
 - ``dcjax bench [--models M ...] [--videos PATH ...] [--methods ...]
