@@ -75,8 +75,9 @@ class Tuning:
             cost over the still-frame test's.
         measured: measurements made now (0 when all came from the file).
         seconds: wall time of the tuning.
-        raced: mean seconds a frame of the tuned, the dense and the nocache
-            plans over calibration frames (`race`), where they raced; else
+        raced: seconds a frame of the tuned, the dense and the nocache plans
+            over calibration frames (`race`), where they raced (the tuned
+            plan NaN where the measurements had chosen the dense plan); else
             None.
     """
 
@@ -105,7 +106,7 @@ class Tuning:
                 ""
                 if self.raced is None
                 else "; raced on the calibration frames: "
-                + ", ".join(f"{p} {t * 1e3:.2f} ms" for p, t in zip(PLANS, self.raced))
+                + ", ".join(f"{p} {t * 1e3:.2f} ms" for p, t in zip(PLANS, self.raced) if t == t)
                 + " a frame"
             )
         )

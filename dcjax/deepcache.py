@@ -430,27 +430,35 @@ def transform(
         progress=progress,
     )
     tuning = cached.tuning
-    if fractions is None or tuning is None or tuning.plan != "cached":
+    if fractions is None or tuning is None or tuning.plan == "nocache":
         return cached
     if not autotune.may_fall_back(config):
         return cached
     # The layers' measurements leave out what the step adds around them: the
-    # plans race over the calibration frames, and the fastest is kept.
-    models = [cached] + [
-        CachedModel(
-            model,
-            variables,
-            frame_shape=frame_shape,
-            config=make(config),
-            preprocess=preprocess,
-            input_dtype=input_dtype,
-        )  # fmt: skip
-        for make in (autotune.dense_config, autotune.nocache_config)
-    ]
+    # plans race over the calibration frames, and the fastest is kept. A dense
+    # plan races the step without a matcher (on a small network the still-frame
+    # test may cost more than the still frames save).
+    plans = list(autotune.PLANS[autotune.PLANS.index(tuning.plan) :])
+    makes = {"dense": autotune.dense_config, "nocache": autotune.nocache_config}
+    models = (
+        [cached]
+        + [
+            CachedModel(
+                model,
+                variables,
+                frame_shape=frame_shape,
+                config=makes[plan](config),
+                preprocess=preprocess,
+                input_dtype=input_dtype,
+            )  # fmt: skip
+            for plan in plans[1:]
+        ]
+    )
     times = autotune.race(models, calibration)
     best = int(np.argmin(times))
     winner = models[best]
-    winner.tuning = dataclasses.replace(tuning, plan=autotune.PLANS[best], raced=tuple(times))
+    raced = tuple(times) if tuning.plan == "cached" else (float("nan"), *times)
+    winner.tuning = dataclasses.replace(tuning, plan=plans[best], raced=raced)
     return winner
 
 

@@ -208,6 +208,27 @@ def test_with_calibration_frames_the_faster_plan_of_a_race_is_kept(
     _check_outputs(cached, net, variables, _frames())
 
 
+def test_a_dense_plan_races_the_step_without_a_matcher(model, fake, monkeypatch):
+    """Where the layers' measurements already chose the dense plan, it races
+    the nocache step on the calibration frames (the still-frame test may cost
+    a small network more than it saves), and the faster is kept."""
+    costs, _ = fake
+    costs.update(dense=lambda f: 1e-4, xla=lambda f: 1e-2, rows=lambda f: 1e-2)
+    raced = []
+    for times, plan in (((2e-3, 1e-3), "nocache"), ((1e-3, 2e-3), "dense")):
+        monkeypatch.setattr(autotune, "race", lambda models, frames, t=times: raced.append(
+            len(models)) or t)  # fmt: skip
+        net, variables = model
+        cached = dcjax.transform(net, variables, frame_shape=SHAPE, calibration=_frames(),
+                                 config=dcjax.Config(tuning="measure"), progress=False)  # fmt: skip
+        assert cached.tuning.plan == plan
+        assert np.isnan(cached.tuning.raced[0]) and cached.tuning.raced[1:] == times
+        assert cached.config.matcher == {"dense": "static", "nocache": "none"}[plan]
+        assert "cached" not in cached.tuning.summary().split("raced")[1]
+        _check_outputs(cached, net, variables, _frames())
+    assert raced == [2, 2]
+
+
 def test_race_times_each_model_on_the_frames(model):
     net, variables = model
     models = [
