@@ -56,6 +56,7 @@ from dcjax.state import CacheState, init_state
 from dcjax.step import Step
 from dcjax.streams import Streams
 from dcjax.transforms.analysis import analyze
+from dcjax.transforms.interpreter import dense_forward
 from dcjax.transforms.records import DenseLayer, Layer
 from dcjax.transforms.spatial import Spatial
 from dcjax.transforms.trace import check_frame_shape, trace_model
@@ -175,6 +176,18 @@ class CachedModel:
         self._float_range_checked = False
         self._run_jit = jax.jit(self._step.run, donate_argnums=(1,))
         self._apply_jit = jax.jit(self._apply_impl)
+        # Nothing to reuse, match or skip (the nocache plan): `step` runs the
+        # dense lowering alone and leaves the state as it is.
+        self.bare = (
+            config.matcher == "none"
+            and not config.skip_unchanged
+            and self._semantic is None
+            and not self.plan.refines
+            and not any(self.plan.keeps_cache)
+            and not any(self.plan.updated_dense)
+            and all(lp.chain is None for lp in self.plan.layers)
+        )
+        self._bare_jit = jax.jit(self._bare_step) if self.bare else None
 
     # -- public API ----------------------------------------------------------
 
@@ -259,7 +272,36 @@ class CachedModel:
         """
         frame = self._check_frame(frame, "frame", 3)
         match = self._check_match(match, batched=False)
+        if self._bare_jit is not None and match is None:
+            output, varying = self._bare_jit(self._traced.leaves, frame)
+            return output, state, {**self._bare_info, **varying}
         return self._step_jit(self._traced.leaves, state, frame, match)
+
+    def _bare_step(self, leaves: Sequence[Any], frame: jax.Array) -> tuple[Any, dict]:
+        """`step` where nothing is reused, matched or skipped (`bare`): the dense
+        lowering of the model, and the info of a frame computed in full. What
+        does not depend on the frame is made once: each output of a jitted
+        call costs its dispatch."""
+        x = self._step.prepare(frame)
+        outs = dense_forward(self._analysis, leaves, x[None])
+        output = jax.tree_util.tree_unflatten(self._traced.out_tree, outs)
+        if not jnp.issubdtype(frame.dtype, jnp.floating):
+            return output, {}
+        return output, {"nonfinite": ~jnp.all(jnp.isfinite(frame))}
+
+    @functools.cached_property
+    def _bare_info(self) -> dict:
+        return {
+            "motion": jnp.zeros((2,), jnp.int32),
+            "refreshed": jnp.bool_(True),
+            "nonfinite": jnp.bool_(False),
+            "match_ratio": jnp.float32(0.0),
+            "input_reuse": jnp.float32(0.0),
+            "reuse_fraction": jnp.zeros((len(self.layers),), jnp.float32),
+            "dense_reuse": jnp.zeros((len(self.dense_layers),), jnp.float32),
+            "flops_ratio": jnp.float32(1.0),
+            "skipped": jnp.bool_(False),
+        }
 
     def _program(self, state: CacheState, frame: jax.Array) -> tuple[Any, tuple]:
         """``(jitted, args)`` with ``jitted(*args)`` the step on ``(state, frame)``, for profiling.

@@ -290,3 +290,33 @@ def test_calibration_reports_fractions_whatever_the_statistics_setting(model):
         assert cal.frames == 4  # the first frame is a refresh
         assert 0 < cal.input < 0.5
         assert all(cal.input <= f <= 1 for f in cal.layers), cal.layers
+
+
+def test_the_nocache_plan_steps_the_dense_lowering_alone(model):
+    """Nothing reused, matched or skipped: `step` runs the model's dense
+    lowering, leaves the state as it is, and reports what the full step would
+    on a frame computed in full (same keys, shapes and dtypes)."""
+    net, variables = model
+    prior = dcjax.Config(tuning="prior")
+    bare = dcjax.transform(net, variables, frame_shape=SHAPE, progress=False,
+                           config=autotune.nocache_config(prior))  # fmt: skip
+    full = dcjax.transform(net, variables, frame_shape=SHAPE, progress=False,
+                           config=autotune.dense_config(prior))  # fmt: skip
+    assert bare.bare and not full.bare
+    state = bare.init()
+    full_state = full.init()
+    for f in _frames(4):
+        out, new_state, info = bare.step(state, f)
+        assert new_state is state
+        np.testing.assert_allclose(np.asarray(out), np.asarray(bare.apply(f)), rtol=1e-5, atol=1e-5)
+        _, full_state, full_info = full.step(full_state, f)
+        assert set(info) == set(full_info)
+        for k in info:
+            assert np.shape(info[k]) == np.shape(full_info[k]), k
+            assert np.asarray(info[k]).dtype == np.asarray(full_info[k]).dtype, k
+        assert bool(info["refreshed"]) and not bool(info["skipped"])
+        assert float(info["flops_ratio"]) == 1.0
+        np.testing.assert_array_equal(np.asarray(info["reuse_fraction"]), 0.0)
+    outs, _, _ = bare.run(_frames(4))  # the scan keeps the full step
+    np.testing.assert_allclose(np.asarray(outs[-1]), np.asarray(bare.apply(_frames(4)[-1])),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip

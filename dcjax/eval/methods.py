@@ -43,8 +43,7 @@ from dcjax.eval.registry import (
     register_method,
 )
 from dcjax.transforms.analysis import analyze
-from dcjax.transforms.interpreter import Policy, evaluate
-from dcjax.transforms.motion import FrameContext
+from dcjax.transforms.interpreter import dense_forward
 from dcjax.transforms.spatial import Spatial
 from dcjax.transforms.trace import trace_model
 
@@ -144,18 +143,9 @@ def fast_apply(spec: ModelSpec) -> tuple[Callable[[Any, jax.Array], Any], list]:
 
     def apply(leaves, frame):
         x = spec.model_input(jnp.asarray(frame))
-        ctx = FrameContext(jnp.zeros((2,), jnp.int32), "exact")
-        ev = evaluate(analysis, [*leaves, x], [True] * (k + 1), ctx, _DensePolicy())
-        return jax.tree_util.tree_unflatten(traced.out_tree, ev.outputs)
+        return jax.tree_util.tree_unflatten(traced.out_tree, dense_forward(analysis, leaves, x))
 
     return apply, traced.leaves
-
-
-class _DensePolicy(Policy):
-    """Every convolution computed in full by `dense_conv`, no result."""
-
-    def reuse(self, layer, eqn, invals, mask, epilogue):
-        return dense_conv(eqn, invals), None
 
 
 def _nocache_options(options: Mapping[str, Any]) -> dict[str, Any]:

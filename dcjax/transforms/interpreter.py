@@ -45,14 +45,23 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core as jcore
 
-from dcjax.kernels import Epilogue
+from dcjax.kernels import Epilogue, dense_conv_eqn
 from dcjax.transforms import lowering, regions
 from dcjax.transforms.calls import sub_jaxpr
 from dcjax.transforms.motion import FrameContext
 from dcjax.transforms.patterns import elementwise_call
 from dcjax.transforms.records import Analysis, EqnInfo
 
-__all__ = ["Env", "Evaluation", "Policy", "evaluate", "propagate_masks", "run_eqns"]
+__all__ = [
+    "DensePolicy",
+    "Env",
+    "Evaluation",
+    "Policy",
+    "dense_forward",
+    "evaluate",
+    "propagate_masks",
+    "run_eqns",
+]
 
 
 class Policy:
@@ -417,3 +426,21 @@ class _Recording(Policy):
     """The dense policy, recording every spatial variable (`propagate_masks`)."""
 
     records = True
+
+
+class DensePolicy(Policy):
+    """Every reused layer computed in full the way the sparse kernels' dense
+    path computes it (`dcjax.kernels.dense_conv_eqn`: XLA:CPU's slow grouped
+    convolutions rewritten), no result."""
+
+    def reuse(self, layer, eqn, invals, mask, epilogue):
+        out = dense_conv_eqn(eqn, invals)
+        return (out if epilogue is None else epilogue(out)), None
+
+
+def dense_forward(analysis: Analysis, leaves: Sequence[Any], x: jax.Array) -> list:
+    """The model's outputs on input ``x`` (batch of one) computed in full by
+    `DensePolicy`, no mask propagated: the dense lowering of the model."""
+    k = len(leaves)
+    ctx = FrameContext(jnp.zeros((2,), jnp.int32), "exact")
+    return list(evaluate(analysis, [*leaves, x], [True] * (k + 1), ctx, DensePolicy()).outputs)
