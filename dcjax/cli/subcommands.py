@@ -112,11 +112,18 @@ def nothing_sparse_note(record: dict[str, Any]) -> str:
             f'kernel="auto" computes in full the layers too small or too thin for a sparse '
             f"kernel to pay on this backend ({jax.default_backend()}; dcjax/kernels/auto.py)"
         )
-    return (
-        f"\nNo layer of {record['model']} is computed sparsely here: {why}. The cached step "
-        "is then the network plus matching: it saves time only on frames that match whole "
-        "(a still scene), whose last output it returns (the bundled clip box has many)."
-    )
+    if plan == "nocache":
+        then = (
+            "The cached step is then the dense step alone, without matching or the "
+            "still-frame skip: as fast as not caching."
+        )
+    else:
+        then = (
+            "The cached step is then the network plus matching: it saves time only on frames "
+            "that match whole (a still scene), whose last output it returns (the bundled clip "
+            "box has many)."
+        )
+    return f"\nNo layer of {record['model']} is computed sparsely here: {why}. {then}"
 
 
 def load_spec(

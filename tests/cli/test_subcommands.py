@@ -96,6 +96,11 @@ def test_nothing_sparse_note_only_when_every_layer_ran_in_full():
     assert 'kernel="dense" computes every layer in full' in subcommands.nothing_sparse_note(rec)
     rec["config"] = {"kernel": "auto", "plan": "dense"}  # the measured tuning's dense plan
     assert 'runs the "dense" plan' in subcommands.nothing_sparse_note(rec)
+    assert "network plus matching" in subcommands.nothing_sparse_note(rec)
+    rec["config"] = {"kernel": "auto", "plan": "nocache"}  # no matcher at all
+    note = subcommands.nothing_sparse_note(rec)
+    assert 'runs the "nocache" plan' in note and "without matching" in note
+    assert "plus matching" not in note
     rec["config"] = {"kernel": "auto", "plan": "prior"}
     assert "too small or too thin" in subcommands.nothing_sparse_note(rec)
     rec["per_layer"][1]["sparse"] = True
