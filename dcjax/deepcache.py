@@ -53,7 +53,7 @@ from dcjax.kernels.tuning import resolve_tuning
 from dcjax.matching import Match
 from dcjax.plan import Plan, make_plan
 from dcjax.state import CacheState, init_state
-from dcjax.step import Step
+from dcjax.step import Step, frame_finite
 from dcjax.streams import Streams
 from dcjax.transforms.analysis import analyze
 from dcjax.transforms.interpreter import dense_forward
@@ -287,7 +287,7 @@ class CachedModel:
         output = jax.tree_util.tree_unflatten(self._traced.out_tree, outs)
         if not jnp.issubdtype(frame.dtype, jnp.floating):
             return output, {}
-        return output, {"nonfinite": ~jnp.all(jnp.isfinite(frame))}
+        return output, {"nonfinite": ~frame_finite(frame)}
 
     @functools.cached_property
     def _bare_info(self) -> dict:

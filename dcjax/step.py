@@ -47,7 +47,7 @@ from dcjax.transforms.records import Analysis
 from dcjax.transforms.refiners import DenseUpdater, InputRefiner
 from dcjax.transforms.trace import TracedModel
 
-__all__ = ["LayerResult", "Pass", "Step", "frame_input", "mean_of_masks"]
+__all__ = ["LayerResult", "Pass", "Step", "frame_finite", "frame_input", "mean_of_masks"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -272,11 +272,7 @@ class Step:
         self.traces += 1
         cfg, plan = self.config, self.plan
         x = self.prepare(frame)
-        finite = (
-            jnp.all(jnp.isfinite(frame))
-            if jnp.issubdtype(frame.dtype, jnp.floating)
-            else jnp.bool_(True)
-        )
+        finite = frame_finite(frame)
         with jax.named_scope("dcjax.match"):
             key = self.matcher.key_of(frame)
             m = (
@@ -475,6 +471,13 @@ class Step:
 
         state, (outs, infos) = lax.scan(body, state, (frames, matches))
         return outs, state, infos
+
+
+def frame_finite(frame: jax.Array) -> jax.Array:
+    """Whether every value of ``frame`` is finite (always, for integer frames)."""
+    if jnp.issubdtype(frame.dtype, jnp.floating):
+        return jnp.all(jnp.isfinite(frame))
+    return jnp.bool_(True)
 
 
 def frame_input(

@@ -350,6 +350,11 @@ def _profile_table(results) -> str:
     return f"{common.table(rows)}\n{profile.TABLE_NOTE}"
 
 
+def _even(frames):
+    """Frames cropped to even heights and widths (what H.264 encodes)."""
+    return frames[:, : frames.shape[1] // 2 * 2, : frames.shape[2] // 2 * 2]
+
+
 def _blurred(frames, boxes):
     """Frames (cropped to even sizes) with each box's pixels replaced by a
     strong blur (a box filter a third of the box's size, twice), as an
@@ -357,8 +362,8 @@ def _blurred(frames, boxes):
     import numpy as np
     from scipy import ndimage
 
-    h, w = frames.shape[1] // 2 * 2, frames.shape[2] // 2 * 2
-    out = frames[:, :h, :w].copy()
+    out = _even(frames).copy()
+    h, w = out.shape[1:3]
     for frame, frame_boxes in zip(out, boxes, strict=True):
         for x1, y1, x2, y2 in np.round(np.asarray(frame_boxes)).astype(int):
             x1, y1, x2, y2 = max(x1, 0), max(y1, 0), min(x2, w), min(y2, h)
@@ -376,10 +381,9 @@ def _annotate(frames, masks):
     """Frames (cropped to even sizes) with reused pixels tinted green, recomputed red."""
     import numpy as np
 
-    h, w = frames.shape[1] // 2 * 2, frames.shape[2] // 2 * 2
-    out = frames[:, :h, :w].astype(np.float32)
+    out = _even(frames).astype(np.float32)
     if masks is not None:
-        m = masks[:, :h, :w, None]
+        m = masks[:, : out.shape[1], : out.shape[2], None]
         tint = np.where(m, np.float32([0, 200, 0]), np.float32([230, 0, 0]))
         out = 0.7 * out + 0.3 * tint
     return out.clip(0, 255).astype(np.uint8)

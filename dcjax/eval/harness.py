@@ -472,17 +472,17 @@ def _detection(
         return None
     from dcjax.eval.detection import match_f1
 
+    def heat(o):
+        return np.asarray(spec.heatmap(o), np.float64)
+
+    reference = None if spec.heatmap is None else [heat(r) for r in outs["nocache"]]
     out = {}
     for variant in outs:
-        record = match_f1(boxes["nocache"], boxes[variant])
         err = None
-        if spec.heatmap is not None:
-            err = max(
-                float(np.max(np.abs(np.asarray(spec.heatmap(o), np.float64)
-                                    - np.asarray(spec.heatmap(r), np.float64))))
-                for o, r in zip(outs[variant], outs["nocache"], strict=True)
-            )  # fmt: skip
-        out[variant] = {**record, "heatmap_max_err": err}
+        if reference is not None:
+            err = max(float(np.max(np.abs(heat(o) - r)))
+                      for o, r in zip(outs[variant], reference, strict=True))  # fmt: skip
+        out[variant] = {**match_f1(boxes["nocache"], boxes[variant]), "heatmap_max_err": err}
     return out
 
 

@@ -141,8 +141,9 @@ def _batch_norm(ctx: NodeContext) -> Value:
     return Value(x * inv.reshape(shape) + shift.reshape(shape))
 
 
-def _pool_window(ctx: NodeContext, x) -> tuple[tuple, tuple, tuple, list, list]:
-    """Kernel, strides, dilations, explicit pads and the extra end padding of ceil_mode."""
+def _pool_window(ctx: NodeContext, x) -> tuple[tuple, tuple, tuple, list, list, list]:
+    """Kernel, strides, dilations, explicit pads, the extra end padding of
+    ceil_mode, and both as `lax.reduce_window` padding of an NHWC value."""
     kernel = tuple(ctx.attr("kernel_shape"))
     strides = tuple(ctx.attr("strides") or (1, 1))
     dil = tuple(ctx.attr("dilations") or (1, 1))
@@ -157,7 +158,8 @@ def _pool_window(ctx: NodeContext, x) -> tuple[tuple, tuple, tuple, list, list]:
         else:
             out = (n + b + e - span) // s + 1
         extra.append(max((out - 1) * s + span - (n + b + e), 0))
-    return kernel, strides, dil, pads, extra
+    padding = [(0, 0), *((b, e + x_) for (b, e), x_ in zip(pads, extra, strict=True)), (0, 0)]
+    return kernel, strides, dil, pads, extra, padding
 
 
 _POOL_ATTRS = ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "strides")
@@ -168,8 +170,7 @@ def _max_pool(ctx: NodeContext) -> Value:
     if ctx.n_outputs > 1:
         raise OnnxImportError("its Indices output is not supported")
     x = _spatial(ctx)
-    kernel, strides, dil, pads, extra = _pool_window(ctx, x)
-    padding = [(0, 0)] + [(b, e + x_) for (b, e), x_ in zip(pads, extra, strict=True)] + [(0, 0)]
+    kernel, strides, dil, _, _, padding = _pool_window(ctx, x)
     y = lax.reduce_window(
         x, -jnp.inf, lax.max, (1, *kernel, 1), (1, *strides, 1), padding,
         window_dilation=(1, *dil, 1),
@@ -180,9 +181,8 @@ def _max_pool(ctx: NodeContext) -> Value:
 @register("AveragePool", attrs=(*_POOL_ATTRS, "count_include_pad"))
 def _avg_pool(ctx: NodeContext) -> Value:
     x = _spatial(ctx)
-    kernel, strides, dil, pads, extra = _pool_window(ctx, x)
+    kernel, strides, dil, pads, extra, padding = _pool_window(ctx, x)
     dims, steps = (1, *kernel, 1), (1, *strides, 1)
-    padding = [(0, 0)] + [(b, e + x_) for (b, e), x_ in zip(pads, extra, strict=True)] + [(0, 0)]
     total = lax.reduce_window(x, 0.0, lax.add, dims, steps, padding, window_dilation=(1, *dil, 1))
     # The divisor: the window's pixels inside the input, or inside the input and
     # its explicit padding (count_include_pad); ceil_mode's extra never counts.
