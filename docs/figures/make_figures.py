@@ -8,7 +8,7 @@ From the repository root::
 It writes PNG files next to itself (docs/figures/). Every figure is computed
 with dcjax's own functions on the bundled clips (``vtest``: fixed camera;
 ``box``: handheld, with a still opening). The zoo models have random weights
-(only EfficientNet-Lite0 ships real ones), which changes their values but
+(only EfficientNet-Lite0 and MobileNetV2 ship real ones), which changes their values but
 not their reuse masks: masks depend on the frames, the motion and the
 layers' geometry only. ResNet-50 is built at a quarter of its width for the
 same reason (the masks do not depend on the number of channels). Takes a few
