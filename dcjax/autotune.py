@@ -27,9 +27,11 @@ measurement, for ``CachedModel.tuning`` and the benchmarks.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -195,7 +197,8 @@ def tune_model(
         cache: where measurements are read and kept; default: the file at
             `dcjax.kernels.tuning.default_path`.
         repeats: timed calls per measurement.
-        progress: show a progress bar while measuring.
+        progress: show a progress bar while measuring (unless within
+            `progress_bars(False)`).
     """
     start = time.perf_counter()
     backend = backend or jax.default_backend()
@@ -216,7 +219,7 @@ def tune_model(
         fractions=None if fractions is None else [float(fractions[i]) for i in tuned],
         refresh_every=config.refresh_every,
         repeats=repeats,
-        progress=_bar if progress else None,
+        progress=_bar if progress and _PROGRESS.get() else None,
     )
     layers: list[kt.LayerTuning | None] = [None] * len(plans)
     for i, r in zip(tuned, results, strict=True):
@@ -284,6 +287,22 @@ def race(
             per_round.append(totals)
         r += 1
     return tuple(float(np.median(col)) / len(frames) for col in zip(*per_round, strict=True))
+
+
+_PROGRESS = contextvars.ContextVar("dcjax_tuning_progress", default=True)
+
+
+@contextlib.contextmanager
+def progress_bars(enabled: bool) -> Iterator[None]:
+    """Within the block, `tune_model` shows its progress bars only if ``enabled``
+    (and its own ``progress`` argument asks for them): how a caller that builds
+    models through layers that do not pass ``progress`` down (the evaluation
+    harness, the CLI's ``--no-progress``) silences them."""
+    token = _PROGRESS.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
 
 
 def _bar(items, total: int, what: str):

@@ -320,3 +320,24 @@ def test_the_nocache_plan_steps_the_dense_lowering_alone(model):
     outs, _, _ = bare.run(_frames(4))  # the scan keeps the full step
     np.testing.assert_allclose(np.asarray(outs[-1]), np.asarray(bare.apply(_frames(4)[-1])),
                                rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+def test_progress_bars_false_silences_the_tuning_bars(model, monkeypatch, tmp_path):
+    """``progress_bars(False)`` (what the harness and ``--no-progress`` use) wins over
+    ``transform(progress=True)``; outside it the bars are shown."""
+    shown = []
+
+    def bar(items, total, what):
+        shown.append(what)
+        return items
+
+    monkeypatch.setattr(autotune, "_bar", bar)
+    net, variables = model
+    cfg = dcjax.Config(tuning="measure")
+    monkeypatch.setenv(kt.CACHE_ENV, str(tmp_path / "quiet.json"))
+    with autotune.progress_bars(False):
+        dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=True)
+    assert shown == []
+    monkeypatch.setenv(kt.CACHE_ENV, str(tmp_path / "shown.json"))
+    dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=True)
+    assert "compiling" in shown and "timing" in shown

@@ -280,7 +280,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = {"demo": subcommands.demo_command, "run": subcommands.run_command,
                "bench": evaluation.bench_command, "models": subcommands.models_command,
                "profile": subcommands.profile_command}[args.command]  # fmt: skip
-    return _interruptible(lambda: handler(sub, args))
+    from dcjax import autotune
+
+    def run() -> int:
+        with autotune.progress_bars(not getattr(args, "no_progress", False)):
+            return handler(sub, args)
+
+    return _interruptible(run)
 
 
 def _program(name: str):

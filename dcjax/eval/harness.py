@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dcjax import matching, models, video
+from dcjax import autotune, matching, models, video
 from dcjax.eval import metrics
 from dcjax.eval.methods import state_bytes
 from dcjax.eval.registry import ModelSpec, Runner, make_runner, parse_method
@@ -362,12 +362,13 @@ def evaluate(
             parsed.append((variant, "plain", {"form": form}))
 
     cache = {} if runner_cache is None else runner_cache
-    for variant, name, opts in parsed:
-        if variant not in cache:
-            cache[variant] = make_runner(spec, name, opts)
-        twin = cache[variant].timed
-        if twin is not None and _TIMED + variant not in cache:
-            cache[_TIMED + variant] = twin()
+    with autotune.progress_bars(progress):
+        for variant, name, opts in parsed:
+            if variant not in cache:
+                cache[variant] = make_runner(spec, name, opts)
+            twin = cache[variant].timed
+            if twin is not None and _TIMED + variant not in cache:
+                cache[_TIMED + variant] = twin()
     # what is timed: a runner's twin without per-layer statistics, where it has one
     reporting = {variant: cache[variant] for variant, _, _ in parsed}
     runners = {v: cache.get(_TIMED + v, r) for v, r in reporting.items()}
