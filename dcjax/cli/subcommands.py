@@ -34,8 +34,8 @@ def _short_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     from dcjax.eval.report import SHORT_COLUMNS, summary_rows
 
     columns = SHORT_COLUMNS
-    if any("box_f1" in r for r in records):  # a detector: its fidelity beside top-1's
-        columns = (*columns, "box F1", "boxes", "heat err")
+    if any("box_f1" in r for r in records):  # a detector: its fidelity instead of top-1's
+        columns = (*(c for c in columns if c != "top-1 agree"), "box F1", "boxes", "heat err")
     return [{k: row[k] for k in columns} for row in summary_rows(records)]
 
 
@@ -206,7 +206,7 @@ def demo_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     print()
     print(common.table(_short_rows(ev.records)))
     print(f"\n{rec['frames']} frames. {COLUMNS_NOTE}")
-    if rec["top1_stability"] is not None:
+    if rec["top1_stability"] is not None and spec.boxes is None:
         print(f"The uncached model's own top-1 stays the same from one frame to the next on "
               f"{100 * rec['top1_stability']:.0f}% of them: where it flips often, features "
               "reused from nearly equal pixels flip it too.")  # fmt: skip

@@ -8,8 +8,8 @@ segments that are the same computation on layers with the same content keys
 tuple `Fused.params`) returns the tuple of every model's outputs, equal to
 calling each model on ``x``: the prefix is computed once, with the first
 model's parameters, then each model's own rest from the prefix's values. It is
-a plain JAX function, so ``jax.jit`` and ``dcjax.transform`` take it, and the
-transformed step caches the stem once.
+a plain JAX function that binds the models' own primitives, so ``jax.jit`` and
+``dcjax.transform`` take it, and the transformed step caches the stem once.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def fuse(models: Sequence[tuple[Callable[[Any, Any], Any], Any]], x_like: Any) -
         sp0 = splits[0]
         flat0 = jax.tree_util.tree_leaves(params[0])
         stem_vals = _run(stem_ops, sp0.input_ids, sp0.param_ids, stem_defined, xs, flat0,
-                         sp0.consts) if stem_ops else []  # fmt: skip
+                         sp0.consts, lowered=False) if stem_ops else []  # fmt: skip
         by_id0 = dict(zip(stem_defined, stem_vals, strict=True))
         outs = []
         for sp, mapping, rest, p in zip(splits, maps, rests, params, strict=True):
@@ -130,7 +130,7 @@ def fuse(models: Sequence[tuple[Callable[[Any, Any], Any], Any]], x_like: Any) -
             env_vals = [by_id0[mapping[i]] for i in mapping] + xs
             wanted = [o for o in sp.output_ids if not isinstance(o, tuple)]
             vals = _run(rest, env_ids, sp.param_ids, wanted, env_vals,
-                        jax.tree_util.tree_leaves(p), sp.consts)  # fmt: skip
+                        jax.tree_util.tree_leaves(p), sp.consts, lowered=False)  # fmt: skip
             got = dict(zip(wanted, vals, strict=True))
             flat = [o[1] if isinstance(o, tuple) else got[o] for o in sp.output_ids]
             outs.append(jax.tree_util.tree_unflatten(sp.out_tree, flat))

@@ -10,7 +10,10 @@ current segment. An equation that reads several layers (a loop over stacked
 weights, say) keeps them together in one segment. Each `Segment` is compiled on
 its own (`Segment.fn`): it takes the values it reads from earlier segments and
 its layers' parameters, and returns the values later segments or the model's
-outputs read. Running the segments in order on the same inputs gives the
+outputs read. Operations are computed as dcjax's dense step computes them
+(convolutions by `dcjax.kernels.masked.dense_conv_eqn`, the rest through
+`dcjax.transforms.lowering.bind`), so a layer-wise run costs what the dense step
+costs plus the cuts. Running the segments in order on the same inputs gives the
 model's outputs (checked against ``fn`` by the tests).
 
 A model whose parameters all end up in one segment cannot be split; `Split.whole`
@@ -27,7 +30,9 @@ from typing import Any
 import jax
 from jax.extend import core as jcore
 
+from dcjax.kernels.masked import dense_conv_eqn
 from dcjax.layercache.store import layer_of
+from dcjax.transforms import lowering
 from dcjax.transforms.calls import sub_jaxpr
 
 __all__ = ["Op", "Segment", "Split", "split"]
@@ -40,10 +45,17 @@ _DOT = "dot_general"
 class Op:
     """One primitive application with its operands as value ids (or literals)."""
 
-    primitive: Any
-    params: dict[str, Any]
+    eqn: jcore.JaxprEqn
     inputs: tuple[Any, ...]  # int ids, or ("lit", value)
     outputs: tuple[int, ...]
+
+    @property
+    def primitive(self) -> Any:
+        return self.eqn.primitive
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.eqn.params
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -136,21 +148,27 @@ def _flatten(closed: jcore.ClosedJaxpr, args: Sequence[Any], counter, ops: list[
         outs = tuple(next(counter) for _ in eqn.outvars)
         for v, o in zip(eqn.outvars, outs, strict=True):
             env[v] = o
-        ops.append(Op(eqn.primitive, dict(eqn.params), tuple(inputs), outs))
+        ops.append(Op(eqn, tuple(inputs), outs))
     return [read(v) for v in closed.jaxpr.outvars]
 
 
-def _run(ops: Sequence[Op], reads, params, writes, read_vals, param_vals, consts):
+def _run(ops: Sequence[Op], reads, params, writes, read_vals, param_vals, consts, *,
+         lowered: bool = True):  # fmt: skip
+    """Evaluates ``ops``: with ``lowered`` as dcjax's dense step computes them,
+    else by binding each primitive as it is (what a later trace should see)."""
     env = dict(consts)
     env.update(zip(reads, read_vals, strict=True))
     env.update(zip(params, param_vals, strict=True))
     for op in ops:
         args = [a[1] if isinstance(a, tuple) else env[a] for a in op.inputs]
-        out = op.primitive.bind(*args, **op.params)
-        if op.primitive.multiple_results:
-            env.update(zip(op.outputs, out, strict=True))
+        if not lowered:
+            out = op.primitive.bind(*args, **op.params)
+            out = list(out) if op.primitive.multiple_results else [out]
+        elif op.primitive.name == _CONV:
+            out = [dense_conv_eqn(op.eqn, args)]
         else:
-            env[op.outputs[0]] = out
+            out = lowering.bind(op.eqn, args)
+        env.update(zip(op.outputs, out, strict=True))
     return [env[w] for w in writes]
 
 

@@ -287,6 +287,7 @@ class LayerStore:
         self._room = threading.Condition(self._lock)
         self._slots: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
         self._resident = 0
+        self._reserved = 0  # bytes of layers being read
 
     @property
     def resident_bytes(self) -> int:
@@ -322,17 +323,20 @@ class LayerStore:
             slot.pins += 1  # held while loading or waiting, so it is not evicted
             if owner:  # make room first, so the read itself stays within the budget
                 self._evict(extra=entry.nbytes)
+                self._reserved += entry.nbytes
         if owner:
             try:
                 arrays = self._read(entry, path)
             except BaseException as e:
                 with self._lock:
                     slot.error = e
+                    self._reserved -= entry.nbytes
                     del self._slots[entry.key]
                 slot.ready.set()
                 raise
             with self._lock:
                 slot.arrays, slot.nbytes = arrays, entry.nbytes
+                self._reserved -= entry.nbytes
                 self._resident += entry.nbytes
                 self.stats.peak_bytes = max(self.stats.peak_bytes, self._resident)
                 slot.ready.set()
@@ -397,7 +401,7 @@ class LayerStore:
         if self.budget_bytes is None:
             return
         for key in list(self._slots):
-            if self._resident + extra <= self.budget_bytes:
+            if self._resident + self._reserved + extra <= self.budget_bytes:
                 return
             slot = self._slots[key]
             if slot.pins == 0 and slot.ready.is_set():

@@ -159,6 +159,7 @@ def test_demo_defaults_to_centerface_at_the_clips_own_size(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "pretrained centerface" in text and "at 224x224" in text
     assert "faces in 3 frames" in text and "box F1 against the uncached model's boxes" in text
+    assert "top-1 agree" not in text and "top-1 stays" not in text  # a detector has none
     records = json.loads((out_dir / "metrics.json").read_text())
     assert {tuple(r["frame_shape"]) for r in records} == {(224, 224, 3)}
     assert records[1]["method"] == "deepcache" and records[1]["boxes"] >= 3

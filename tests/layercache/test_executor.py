@@ -42,7 +42,7 @@ def test_every_mode_gives_the_models_outputs(mobilenet, tmp_path, mode):
     model = lc.LayerwiseModel(module.apply, manifest, variables, x, store=store)
     out, times = model.run(x, mode=mode)
     np.testing.assert_allclose(np.asarray(out), np.asarray(module.apply(variables, x)),
-                               rtol=1e-5, atol=1e-5)  # fmt: skip
+                               rtol=1e-4, atol=1e-4)  # fmt: skip
     assert times.mode == mode and times.whole is None
     assert len(times.segments) == len(model.split.segments)
     assert times.exec_s > 0 and times.load_s > 0 and times.total_s > 0
@@ -63,7 +63,7 @@ def test_linear_mode_holds_little_under_a_tight_budget(mobilenet, tmp_path):
     for mode in ("linear", "partial"):
         out, _ = model.run(x, mode=mode)
         np.testing.assert_allclose(np.asarray(out), np.asarray(module.apply(variables, x)),
-                                   rtol=1e-5, atol=1e-5)  # fmt: skip
+                                   rtol=1e-4, atol=1e-4)  # fmt: skip
         assert store.resident_bytes <= largest
     assert store.stats.peak_bytes <= largest
     # the bulk mode holds every distinct layer at once
@@ -128,4 +128,6 @@ def test_a_model_the_split_cannot_enter_runs_whole_and_says_so(tmp_path):
     model = lc.LayerwiseModel(net.apply, manifest, variables, x)
     out, times = model.run(x, mode="linear")
     assert times.whole is not None and "one group of operations" in times.whole
-    np.testing.assert_allclose(np.asarray(out), np.asarray(net.apply(variables, x)), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(out), np.asarray(net.apply(variables, x)), rtol=1e-5, atol=1e-6
+    )

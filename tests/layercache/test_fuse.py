@@ -54,7 +54,9 @@ def test_fused_models_equal_each_model_and_compute_the_stem_once():
     assert fused.stem_segments == 2 and fused.stem_layers == ("stem0", "stem1")
     outs = jax.jit(fused.fn)(fused.params, x)
     for net, p, out in zip(nets, params, outs, strict=True):
-        np.testing.assert_allclose(np.asarray(out), np.asarray(net.apply(p, x)), rtol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(out), np.asarray(net.apply(p, x)), rtol=1e-5, atol=1e-6
+        )
     assert _convs(fused.fn, fused.params, x) == 2 + 3  # the stem once, each own conv
     assert sum(_convs(n.apply, p, x) for n, p in zip(nets, params, strict=True)) == 9
 
@@ -65,13 +67,14 @@ def test_the_stem_stops_at_the_first_layer_that_differs():
     assert fused.stem_layers == ("stem0",)
     out = fused.fn(fused.params, x)
     np.testing.assert_allclose(np.asarray(out[1]), np.asarray(nets[1].apply(params[1], x)),
-                               rtol=1e-6)  # fmt: skip
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
     # the same weights in another computation (stem1 without its stride) are not shared
     p3 = jax.tree_util.tree_map(lambda a: a, params[0])
     fused = lc.fuse([(nets[0].apply, params[0]), (Unstrided(head=4).apply, p3)], x)
     assert fused.stem_layers == ("stem0",)
-    np.testing.assert_allclose(np.asarray(fused.fn(fused.params, x)[1]),
-                               np.asarray(Unstrided(head=4).apply(p3, x)), rtol=1e-6)  # fmt: skip
+    want = Unstrided(head=4).apply(p3, x)
+    np.testing.assert_allclose(np.asarray(fused.fn(fused.params, x)[1]), np.asarray(want),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
     # a deeper model computes the first two layers the same way: they are shared
     deeper = Net(head=4, depth=3)
     p4 = deeper.init(jax.random.key(7), x)
@@ -80,7 +83,7 @@ def test_the_stem_stops_at_the_first_layer_that_differs():
     fused = lc.fuse([(nets[0].apply, params[0]), (deeper.apply, p4)], x)
     assert fused.stem_layers == ("stem0", "stem1")
     np.testing.assert_allclose(np.asarray(fused.fn(fused.params, x)[1]),
-                               np.asarray(deeper.apply(p4, x)), rtol=1e-6)  # fmt: skip
+                               np.asarray(deeper.apply(p4, x)), rtol=1e-5, atol=1e-6)  # fmt: skip
 
 
 def test_models_with_nothing_in_common_fuse_to_their_own_outputs():
@@ -88,7 +91,9 @@ def test_models_with_nothing_in_common_fuse_to_their_own_outputs():
     fused = lc.fuse([(n.apply, p) for n, p in zip(nets, params, strict=True)], x)
     assert fused.stem_segments == 0
     for net, p, out in zip(nets, params, fused.fn(fused.params, x), strict=True):
-        np.testing.assert_allclose(np.asarray(out), np.asarray(net.apply(p, x)), rtol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(out), np.asarray(net.apply(p, x)), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_deepcache_transform_of_the_fused_models_caches_the_stem_once():
