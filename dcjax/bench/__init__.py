@@ -16,7 +16,10 @@ Each program is a module here with ``main(argv) -> int`` (its own options,
 - `dcjax.bench.semantic`: semantic early exits (tau sweep, exit rates, exit ceiling);
 - `dcjax.bench.ceiling`: ideal speedup against fidelity with every reuse taken;
 - `dcjax.bench.streams`: many streams at once (`dcjax.streams`): throughput,
-  mean and p99 times and speedups by number of streams.
+  mean and p99 times and speedups by number of streams;
+- `dcjax.bench.layers`: the layer cache across models (`dcjax.layercache`):
+  load and run modes against the number of similar networks, memory limits
+  and cold or warm storage.
 
 ``dcjax bench`` without a program is the paper's evaluation
 (`dcjax.bench.evaluation`). The helpers the programs and the command share
@@ -36,4 +39,5 @@ PROGRAMS: dict[str, str] = {
     "semantic": "semantic exits: tau sweep, exit rates, exit ceiling",
     "ceiling": "ideal speedup against fidelity with every reuse taken",
     "streams": "many streams at once: throughput, mean and p99 by number of streams",
+    "layers": "the layer cache across models: load and run modes, similar networks, memory",
 }

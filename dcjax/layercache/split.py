@@ -23,11 +23,13 @@ says so and why, and the executor then runs it whole.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.extend import core as jcore
 
 from dcjax.kernels.masked import dense_conv_eqn
@@ -172,6 +174,38 @@ def _run(ops: Sequence[Op], reads, params, writes, read_vals, param_vals, consts
     return [env[w] for w in writes]
 
 
+#: Compiled segment functions by their canonical form: models of the same
+#: architecture (a family fine-tuned from one network) share them.
+_SEGMENT_FNS: dict[Any, Callable] = {}
+
+
+def _canonical(ops, reads, params, writes, consts) -> Any:
+    names: dict[int, Any] = {r: ("r", i) for i, r in enumerate(reads)}
+    names.update({p: ("p", i) for i, p in enumerate(params)})
+    for c, value in consts.items():
+        a = np.asarray(value)
+        names[c] = ("c", a.dtype.str, a.shape, hashlib.sha256(a.tobytes()).hexdigest())
+    body = []
+    for op in ops:
+        inputs = tuple(("lit", repr(a[1])) if isinstance(a, tuple) else names[a] for a in op.inputs)
+        for o in op.outputs:
+            names[o] = ("v", len(names))
+        body.append((op.primitive.name, repr(sorted(op.params.items())), inputs))
+    return tuple(body), tuple(names[w] for w in writes)
+
+
+def _segment_fn(ops, reads, params, writes, consts) -> Callable:
+    """The jitted ``fn(reads, params) -> writes`` of a segment, shared with every
+    segment of the same canonical form."""
+    key = _canonical(ops, reads, params, writes, consts)
+    fn = _SEGMENT_FNS.get(key)
+    if fn is None:
+        fn = _SEGMENT_FNS[key] = jax.jit(
+            lambda r, p: _run(ops, reads, params, writes, r, p, consts)
+        )
+    return fn
+
+
 def split(fn: Callable[[Any, Any], Any], params_like: Any, x_like: Any) -> Split:
     """Splits ``fn(params, x)`` at its layers (module docstring).
 
@@ -227,11 +261,7 @@ def split(fn: Callable[[Any, Any], Any], params_like: Any, x_like: Any) -> Split
         reads = tuple(sorted(u for u in used - defined if u not in layer_by_id and u not in consts))
         writes = tuple(sorted(defined & later_reads[gi]))
         seg_consts = {c: consts[c] for c in used if c in consts}
-        run = jax.jit(
-            lambda r, p, _o=tuple(group_ops), _r=reads, _p=params, _w=writes, _c=seg_consts: _run(
-                _o, _r, _p, _w, r, p, _c
-            )
-        )
+        run = _segment_fn(tuple(group_ops), reads, params, writes, seg_consts)
         segments.append(
             Segment(
                 layers=tuple(sorted(layers)),
