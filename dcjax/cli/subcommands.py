@@ -172,7 +172,7 @@ def models_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> in
         {"model": r["name"], "input": "x".join(map(str, r["input_shape"])),
          "task": r["task"], "params": f"{r['params'] / 1e6:.2f}M",
          "conv GFLOPs": f"{r['conv_flops'] / 1e9:.3f}", "convs": str(r["convs"]),
-         "pretrained": "yes" if r["pretrained"] else "no"}
+         "pretrained": "yes" if r["pretrained"] else "no", "from": r["source"]}
         for r in rows
     ]))  # fmt: skip
     return 0

@@ -542,9 +542,11 @@ def _conv_stats(jaxpr) -> tuple[int, int]:
 
 
 def zoo_table() -> list[dict[str, Any]]:
-    """Per zoo model: name, input shape, task, parameters, conv FLOPs and count.
+    """Per zoo model: name, input shape, task, parameters, conv FLOPs and count,
+    whether it has real weights and its source (``flax``, or ``onnx`` for the
+    bundled ONNX models, listed when the ``onnx`` extra is installed).
 
-    Computed from abstract variables (nothing is initialised or run).
+    Computed from abstract variables or traced shapes (nothing is run).
     """
     rows = []
     for name in models.names():
@@ -564,5 +566,24 @@ def zoo_table() -> list[dict[str, Any]]:
             "conv_flops": int(flops),
             "convs": count,
             "pretrained": spec.pretrained,
+            "source": "flax",
+        })  # fmt: skip
+    for name in models.onnx_zoo.names():
+        spec = models.onnx_zoo.info(name)
+        try:
+            model, params = models.onnx_zoo.create(name)
+        except ModuleNotFoundError:  # the onnx extra is not installed
+            continue
+        x = jax.ShapeDtypeStruct((1, *spec.input_shape), jnp.float32)
+        flops, count = _conv_stats(jax.make_jaxpr(model)(params, x).jaxpr)
+        rows.append({
+            "name": name,
+            "input_shape": list(spec.input_shape),
+            "task": spec.task,
+            "params": sum(int(np.prod(np.shape(v))) for v in jax.tree_util.tree_leaves(params)),
+            "conv_flops": int(flops),
+            "convs": count,
+            "pretrained": True,
+            "source": "onnx",
         })  # fmt: skip
     return rows

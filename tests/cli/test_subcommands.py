@@ -37,6 +37,7 @@ def test_models_lists_the_zoo(capsys):
         assert name in out
     assert "227x227x3" in out and "66x200x3" in out
     assert "conv GFLOPs" in out
+    assert "centerface" in out and "onnx" in out  # the bundled detector beside the zoo
 
 
 def test_run_writes_json_and_annotated_video(tmp_path, capsys):

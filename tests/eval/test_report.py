@@ -117,9 +117,16 @@ def test_zoo_table_lists_the_zoo():
     from dcjax import models
 
     rows = harness.zoo_table()
-    assert [r["name"] for r in rows] == list(models.names())
+    assert [r["name"] for r in rows] == [*models.names(), *models.onnx_zoo.names()]
     alex = next(r for r in rows if r["name"] == "alexnet")
-    assert alex["convs"] == 5 and 1.0e9 < alex["conv_flops"] < 1.5e9
+    assert alex["convs"] == 5 and 1.0e9 < alex["conv_flops"] < 1.5e9 and alex["source"] == "flax"
+    assert {r["name"] for r in rows if r["pretrained"]} == {
+        "efficientnet_lite0", "mobilenet_v2", "centerface"}  # fmt: skip
+    face = rows[-1]
+    assert face["source"] == "onnx" and face["task"] == "detection"
+    assert face["input_shape"] == [288, 384, 3] and face["params"] > 1_000_000
+    # CenterFace's convolutions, its three transposed ones included (lhs dilation)
+    assert face["convs"] > 50 and face["conv_flops"] > 1e9
 
 
 def test_per_layer_table_says_how_each_layer_was_computed():
