@@ -213,6 +213,112 @@ def _fuse_records(root: Path, repeats: int) -> list[dict[str, Any]]:
              "ratio": t[1].median_ms / t[0].median_ms}]  # fmt: skip
 
 
+def _limit_label(limit: int | None) -> str:
+    return "none" if limit is None else f"{limit} MiB"
+
+
+def figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The paper's plots that ``records`` hold data for, by name: runtime against
+    the number of similar networks per mode (cold and warm storage, no limit;
+    its Figure 1), against the memory limit (Figure 2), per mode against the
+    similar networks at each limit (Figures 3-6), and load against execution
+    time (Figure 7)."""
+    from matplotlib.figure import Figure
+
+    from dcjax.layercache import MODES
+
+    runs = [r for r in records if r.get("kind") != "fuse" and r.get("total_s") is not None]
+    out: dict[str, Any] = {}
+
+    def series(rows, x_key):
+        pts = sorted((r[x_key], r["total_s"]) for r in rows)
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    free = [r for r in runs if r["memory_limit_mb"] is None]
+    storages = sorted({r["storage"] for r in free})
+    if free:
+        fig = Figure(figsize=(5 * len(storages), 3.6))
+        for ax, storage in zip(fig.subplots(1, len(storages), squeeze=False)[0], storages,
+                               strict=True):  # fmt: skip
+            for mode in MODES:
+                xs, ys = series([r for r in free if r["storage"] == storage and r["mode"] == mode],
+                                "similar")  # fmt: skip
+                if xs:
+                    ax.plot(xs, ys, marker="o", label=mode)
+            ax.set(title=f"{storage} storage, no memory limit", xlabel="similar networks (of 5)",
+                   ylabel="five networks, s")  # fmt: skip
+            ax.legend()
+        out["runtime_by_similar"] = fig
+    limited = [r for r in runs if r["storage"] == "cold"]
+    limits = sorted({r["memory_limit_mb"] for r in limited if r["memory_limit_mb"] is not None})
+    if limits:
+        order = [None, *sorted(limits, reverse=True)]
+        fig = Figure(figsize=(5.5, 3.6))
+        ax = fig.subplots()
+        for mode in MODES:
+            for similar in sorted({r["similar"] for r in limited}):
+                pts = [(order.index(r["memory_limit_mb"]), r["total_s"]) for r in limited
+                       if r["mode"] == mode and r["similar"] == similar
+                       and r["memory_limit_mb"] in order]  # fmt: skip
+                if len(pts) > 1:
+                    pts.sort()
+                    ax.plot(*zip(*pts, strict=True), marker="o", label=f"{mode}, {similar} similar")
+        ax.set_xticks(range(len(order)), [_limit_label(v) for v in order])
+        ax.set(title="cold storage", xlabel="memory limit", ylabel="five networks, s")
+        ax.legend(fontsize="small")
+        out["runtime_by_memory_limit"] = fig
+        fig = Figure(figsize=(10, 7))
+        for ax, mode in zip(fig.subplots(2, 2).flat, MODES, strict=True):
+            for limit in order:
+                xs, ys = series([r for r in limited if r["mode"] == mode
+                                 and r["memory_limit_mb"] == limit], "similar")  # fmt: skip
+                if xs:
+                    ax.plot(xs, ys, marker="o", label=_limit_label(limit))
+            ax.set(title=f"{mode} mode, cold storage", xlabel="similar networks (of 5)",
+                   ylabel="five networks, s")  # fmt: skip
+            ax.legend(fontsize="small")
+        out["modes_by_memory_limit"] = fig
+    split = [r for r in free if r["storage"] == "cold" and r["similar"] in (0, 5)]
+    if split:
+        fig = Figure(figsize=(7, 3.6))
+        ax = fig.subplots()
+        labels = [f"{r['mode']}\n{r['similar']} similar" for r in split]
+        ax.bar(labels, [r["load_s"] for r in split], label="loading")
+        ax.bar(labels, [r["exec_s"] for r in split], bottom=[r["load_s"] for r in split],
+               label="executing")  # fmt: skip
+        ax.set(title="cold storage, no limit: summed over the layers", ylabel="s")
+        ax.tick_params(axis="x", labelsize="small")
+        ax.legend()
+        out["load_and_exec"] = fig
+    return out
+
+
+def write_report(path: str, records: Sequence[dict[str, Any]]) -> None:
+    """An HTML page with `figures` and the records' table; PNGs beside it."""
+    import html
+
+    from dcjax.eval import plots
+
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    parts = []
+    for name, fig in figures(records).items():
+        plots.save(fig, os.path.join(folder, f"{name}.png"))
+        parts.append(f"<h3>{html.escape(name.replace('_', ' '))}</h3><img src='{name}.png'>")
+    keys = ["storage", "memory_limit_mb", "limit_by", "similar", "mode", "total_s", "load_s",
+            "exec_s", "peak_rss_mb", "loads", "hits", "error"]  # fmt: skip
+    head = "".join(f"<th>{k}</th>" for k in keys)
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(r.get(k, '')))}</td>" for k in keys) + "</tr>"
+        for r in records if r.get("kind") != "fuse"
+    )  # fmt: skip
+    doc = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>dcjax bench layers"
+           f"</title></head><body><h1>The layer cache across models</h1>"
+           f"<p>{html.escape(__doc__.split(chr(10) + chr(10))[1])}</p>{''.join(parts)}"
+           f"<table border='1'><tr>{head}</tr>{rows}</table></body></html>")  # fmt: skip
+    Path(path).write_text(doc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``dcjax bench layers``; returns the exit status (bad arguments exit with status 2)."""
     from dcjax.layercache import MODES
@@ -234,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="fine-tuning steps per network when the family is built")  # fmt: skip
     ap.add_argument("--fuse", action="store_true", help="also time the five heads fused")
     ap.add_argument("--json", default="bench-results/layers.json")
+    ap.add_argument("--report", metavar="PATH", help="HTML report with the paper's plots")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     from tqdm.auto import tqdm
@@ -269,6 +376,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"against {r['one_ms']:.1f} ms for one network ({r['ratio']:.2f}x)")  # fmt: skip
     write_json(args.json, {"records": records, "tasks": family.TASKS})
     print(f"wrote {args.json}")
+    if args.report:
+        write_report(args.report, records)
+        print(f"wrote {args.report}")
     return 0
 
 

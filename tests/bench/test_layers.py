@@ -68,3 +68,28 @@ def test_a_memory_limit_is_enforced_and_says_how(store, tmp_path):
     if record["limit_by"] == "cgroup":  # a limit below what JAX itself needs kills the run
         starved = layers._spawn(job, 40)
         assert starved["total_s"] is None and starved["error"]
+
+
+def _record(mode, similar, limit, storage="cold", total=1.0):
+    return {"mode": mode, "similar": similar, "memory_limit_mb": limit, "limit_by": None,
+            "storage": storage, "total_s": total, "load_s": total / 2, "exec_s": total / 2,
+            "peak_rss_mb": 500.0, "loads": 1, "hits": 0, "error": None}  # fmt: skip
+
+
+def test_report_draws_the_papers_figures_from_the_records(tmp_path):
+    records = [_record(m, s, lim, total=1 + s + (lim or 0) / 1000 + i)
+               for i, m in enumerate(lc.MODES) for s in (0, 5) for lim in (None, 512)]  # fmt: skip
+    records.append(_record("linear", 3, 256) | {"total_s": None, "error": "killed"})
+    figs = layers.figures(records)
+    assert set(figs) == {"runtime_by_similar", "runtime_by_memory_limit",
+                         "modes_by_memory_limit", "load_and_exec"}  # fmt: skip
+    (ax,) = figs["runtime_by_similar"].axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == set(lc.MODES)
+    assert list(lines["partial"].get_xdata()) == [0, 5]
+    assert list(lines["partial"].get_ydata()) == [1 + 0 + 3, 1 + 5 + 3]  # no limit
+    layers.write_report(str(tmp_path / "r.html"), records)
+    page = (tmp_path / "r.html").read_text()
+    for name in figs:
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000 and f"{name}.png" in page
+    assert page.count("<tr>") == 1 + len(records) and "killed" in page
