@@ -1,11 +1,12 @@
 """``dcjax bench layers``: the layer cache across models (EdgeCaffe's measurements).
 
 Five networks from `dcjax.layercache.family` (EdgeCaffe's setting: of the five,
-``similar`` share every layer but their last) run one after another on one real
-frame, layer by layer from a shared `dcjax.layercache.LayerStore`, in each of
-the modes (`dcjax.layercache.MODES`). One record per run, each in a fresh
-process (so that storage, memory and peak RSS are its own), with the fields
-``mode``, ``similar``, ``memory_limit_mb`` (null: none), ``limit_by``
+``similar`` share every layer but their last; with ``--frozen K``, the stem and
+the first K blocks) run one after another on one real frame, layer by layer
+from a shared `dcjax.layercache.LayerStore`, in each of the modes
+(`dcjax.layercache.MODES`). One record per run, each in a fresh process (so
+that storage, memory and peak RSS are its own), with the fields ``mode``,
+``similar``, ``frozen``, ``memory_limit_mb`` (null: none), ``limit_by``
 (``cgroup``, ``budget`` or null), ``storage`` (``cold``: the layer files'
 pages dropped from the page cache with ``posix_fadvise(DONTNEED)`` before the
 run; ``warm``: read once before it), ``total_s`` (the five networks, wall),
@@ -15,7 +16,8 @@ from memory), and ``error`` (e.g. killed by the memory limit). Times are the
 median of ``--repeats`` runs; each run starts with an empty store. Memory
 limits use a cgroup-v1 memory controller (``memory.limit_in_bytes``, and
 ``memory.memsw.limit_in_bytes`` where swap accounting exists) when this
-process may create one, else the store's byte budget (layers only).
+process may create one, else (or with ``--limit-by budget``) the store's byte
+budget, which bounds the layers alone.
 
 With ``--fuse``, also the five head-only networks fused at their shared stem
 (`dcjax.layercache.fuse`) on one frame against one network alone, both
@@ -43,6 +45,15 @@ _CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 
 def _default_store() -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "dcjax", "layer-family")
+
+
+def _frozen(text: str) -> int | str:
+    if text == "all":
+        return "all"
+    k = int(text)
+    if not 0 <= k <= 16:
+        raise ValueError(text)
+    return k
 
 
 def _memory_limit(text: str) -> int | None:
@@ -125,7 +136,7 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     from dcjax.layercache import family
 
     root = Path(job["store"])
-    names = family.networks(job["similar"])
+    names = family.networks(job["similar"], job.get("frozen", "all"))
     manifests = [lc.Manifest.read(root, n) for n in names]
     module, _ = models.create(family.MODEL, num_classes=2)
     x = _frame()
@@ -158,12 +169,15 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     return {**med, "total_s_runs": [r["total_s"] for r in runs]}
 
 
-def _spawn(job: dict[str, Any], limit_mb: int | None) -> dict[str, Any]:
+def _spawn(job: dict[str, Any], limit_mb: int | None, limit_by: str = "cgroup") -> dict[str, Any]:
     """``run_one(job)`` in a child process, inside a memory cgroup of ``limit_mb``
-    where one can be made."""
+    where one can be made and ``limit_by`` is ``"cgroup"``, else with the store's
+    budget set to it."""
     record = {"mode": job["mode"], "similar": job["similar"], "memory_limit_mb": limit_mb,
-              "limit_by": None, "storage": job["storage"]}  # fmt: skip
-    group = _cgroup(limit_mb) if limit_mb is not None else None
+              "limit_by": None, "storage": job["storage"],
+              "frozen": job.get("frozen", "all")}  # fmt: skip
+    use_cgroup = limit_mb is not None and limit_by == "cgroup"
+    group = _cgroup(limit_mb) if use_cgroup else None
     if limit_mb is not None:
         record["limit_by"] = "cgroup" if group is not None else "budget"
         if group is None:
@@ -335,7 +349,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--storage", nargs="+", choices=("cold", "warm"), default=["cold", "warm"])
     ap.add_argument("--memory-limits", nargs="+", type=_memory_limit, default=[None],
                     metavar="MB", help="limits to run under, MiB ('none': no limit)")  # fmt: skip
+    ap.add_argument("--limit-by", choices=("cgroup", "budget"), default="cgroup",
+                    help="enforce --memory-limits on the whole process with a cgroup (where "
+                         "one can be made, else the budget) or on the layers alone with the "
+                         "store's budget")  # fmt: skip
     ap.add_argument("--repeats", type=at_least(1), default=3)
+    ap.add_argument("--frozen", type=_frozen, default="all", metavar="K",
+                    help="the similar networks share all but their last layer ('all', the "
+                         "default) or the stem and the first K blocks (0-16)")  # fmt: skip
     ap.add_argument("--steps", type=at_least(1), default=30,
                     help="fine-tuning steps per network when the family is built")  # fmt: skip
     ap.add_argument("--fuse", action="store_true", help="also time the five heads fused")
@@ -348,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dcjax.layercache import family
 
     root = Path(args.store)
-    family.build(root, steps=args.steps, progress=not args.no_progress)
+    family.build(root, steps=args.steps, frozen=args.frozen, progress=not args.no_progress)
     jobs = [(storage, limit, similar, mode) for storage in args.storage
             for limit in args.memory_limits for similar in args.similar
             for mode in args.modes]  # fmt: skip
@@ -356,8 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for storage, limit, similar, mode in tqdm(jobs, desc="dcjax: layer runs", unit="run",
                                               disable=args.no_progress):  # fmt: skip
         job = {"store": str(root), "mode": mode, "similar": similar, "storage": storage,
-               "budget_mb": None, "repeats": args.repeats}  # fmt: skip
-        records.append(_spawn(job, limit))
+               "budget_mb": None, "repeats": args.repeats, "frozen": args.frozen}  # fmt: skip
+        records.append(_spawn(job, limit, args.limit_by))
     if args.fuse:
         records += _fuse_records(root, args.repeats * 10)
     print(table([

@@ -13,10 +13,11 @@ Flax variables of EfficientNet-Lite0 with a two-class head trained on ``task``:
   ``k=0`` every layer changes. Networks fine-tuned with the same ``k`` share a
   prefix of ``k`` blocks.
 
-`build(root, ...)` saves, for every task, the head-only variant (``head-TASK``)
-and the fully fine-tuned one (``full-TASK``) into a layer store
+`build(root, ...)` saves, for every task, the head-only variant (``head-TASK``;
+with ``frozen=k``, the variant sharing ``k`` blocks, ``frozenK-TASK``) and the
+fully fine-tuned one (``full-TASK``) into a layer store
 (`dcjax.layercache.save`), once; `networks(similar)` lists the five networks
-of a run in which ``similar`` of them share all but their last layer.
+of a run in which ``similar`` of them share layers.
 """
 
 from __future__ import annotations
@@ -139,28 +140,37 @@ def fine_tune(task: str, *, frozen: int | str = "all", steps: int = 30, seed: in
     return {"params": params, "batch_stats": stats}
 
 
-def build(root: str | Path, *, steps: int = 30, progress: bool = True) -> dict[str, Manifest]:
-    """Saves the head-only and the fully fine-tuned variant of every task under
-    ``root`` (skipping those already saved) and returns their manifests."""
+def _kind(frozen: int | str) -> str:
+    return "head" if frozen == "all" else f"frozen{int(frozen)}"
+
+
+def build(root: str | Path, *, steps: int = 30, frozen: int | str = "all",
+          progress: bool = True) -> dict[str, Manifest]:  # fmt: skip
+    """Saves, for every task, the variant fine-tuned with ``frozen`` (the
+    head-only one by default, named ``head-TASK``; ``frozen=k`` gives
+    ``frozenK-TASK``) and the fully fine-tuned one (``full-TASK``) under
+    ``root``, skipping those already saved, and returns their manifests."""
     from tqdm.auto import tqdm
 
     root = Path(root)
     out = {}
-    todo = [(kind, task) for task in TASKS for kind in ("head", "full")]
+    todo = [(kind, task) for task in TASKS for kind in (_kind(frozen), "full")]
     for kind, task in tqdm(todo, desc="dcjax: fine-tuning", unit="network", disable=not progress):
         name = f"{kind}-{task}"
         if (root / "models" / f"{name}.json").exists():
             out[name] = Manifest.read(root, name)
             continue
-        variables = fine_tune(task, frozen="all" if kind == "head" else 0, steps=steps)
+        variables = fine_tune(task, frozen=frozen if kind != "full" else 0, steps=steps)
         out[name] = save(variables, root, name)
     return out
 
 
-def networks(similar: int) -> list[str]:
-    """The five networks of a run in which ``similar`` share all but their last
-    layer: head-only variants of the first ``similar`` tasks, fully fine-tuned
-    variants of the others (which share nothing)."""
+def networks(similar: int, frozen: int | str = "all") -> list[str]:
+    """The five networks of a run in which ``similar`` share layers: variants of
+    the first ``similar`` tasks fine-tuned with ``frozen`` (head-only: they share
+    all but their last layer; ``frozen=k``: a prefix of ``k`` blocks), fully
+    fine-tuned variants of the others (which share nothing)."""
     if not 0 <= similar <= len(TASKS):
         raise ValueError(f"dcjax: similar must be 0..{len(TASKS)}, got {similar}")
-    return [f"{'head' if i < similar else 'full'}-{t}" for i, t in enumerate(TASKS)]
+    kind = _kind(frozen)
+    return [f"{kind if i < similar else 'full'}-{t}" for i, t in enumerate(TASKS)]

@@ -68,6 +68,13 @@ def test_a_memory_limit_is_enforced_and_says_how(store, tmp_path):
     if record["limit_by"] == "cgroup":  # a limit below what JAX itself needs kills the run
         starved = layers._spawn(job, 40)
         assert starved["total_s"] is None and starved["error"]
+    # the store's budget bounds the layers alone: below one network's bytes, the
+    # layers the five share are evicted before the next network asks for them
+    tight = layers._spawn(job, 8, "budget")
+    assert tight["limit_by"] == "budget" and tight["error"] is None
+    names = family.networks(5)
+    distinct = {lay.key for n in names for lay in lc.Manifest.read(store, n).layers}
+    assert record["loads"] == len(distinct) < tight["loads"]
 
 
 def _record(mode, similar, limit, storage="cold", total=1.0):

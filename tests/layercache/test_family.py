@@ -30,6 +30,7 @@ def test_task_frames_are_real_frames_of_two_balanced_classes(task):
 def test_networks_of_a_run():
     assert family.networks(0) == [f"full-{t}" for t in family.TASKS]
     assert family.networks(2)[:3] == ["head-clip", "head-half", "full-mirror"]
+    assert family.networks(1, frozen=4)[:2] == ["frozen4-clip", "full-half"]
     with pytest.raises(ValueError, match="similar must be 0..5"):
         family.networks(6)
     with pytest.raises(ValueError, match="unknown task 'cats'"):
