@@ -236,7 +236,8 @@ def figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     the number of similar networks per mode (cold and warm storage, no limit;
     its Figure 1), against the memory limit (Figure 2), per mode against the
     similar networks at each limit (Figures 3-6), and load against execution
-    time (Figure 7)."""
+    time (Figure 7); the memory plots once for cgroup limits and once for the
+    store's budget, whichever the records hold."""
     from matplotlib.figure import Figure
 
     from dcjax.layercache import MODES
@@ -263,24 +264,26 @@ def figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                    ylabel="five networks, s")  # fmt: skip
             ax.legend()
         out["runtime_by_similar"] = fig
-    limited = [r for r in runs if r["storage"] == "cold"]
-    limits = sorted({r["memory_limit_mb"] for r in limited if r["memory_limit_mb"] is not None})
-    if limits:
+    for by, what in (("cgroup", "memory_limit"), ("budget", "layer_budget")):
+        limited = [r for r in runs if r["storage"] == "cold"
+                   and (r["memory_limit_mb"] is None or r["limit_by"] == by)]  # fmt: skip
+        limits = {r["memory_limit_mb"] for r in limited if r["memory_limit_mb"] is not None}
+        if not limits:
+            continue
         order = [None, *sorted(limits, reverse=True)]
+        label = "memory limit (cgroup)" if by == "cgroup" else "the store's layer budget"
         fig = Figure(figsize=(5.5, 3.6))
         ax = fig.subplots()
         for mode in MODES:
             for similar in sorted({r["similar"] for r in limited}):
-                pts = [(order.index(r["memory_limit_mb"]), r["total_s"]) for r in limited
-                       if r["mode"] == mode and r["similar"] == similar
-                       and r["memory_limit_mb"] in order]  # fmt: skip
+                pts = sorted((order.index(r["memory_limit_mb"]), r["total_s"]) for r in limited
+                             if r["mode"] == mode and r["similar"] == similar)  # fmt: skip
                 if len(pts) > 1:
-                    pts.sort()
                     ax.plot(*zip(*pts, strict=True), marker="o", label=f"{mode}, {similar} similar")
         ax.set_xticks(range(len(order)), [_limit_label(v) for v in order])
-        ax.set(title="cold storage", xlabel="memory limit", ylabel="five networks, s")
+        ax.set(title="cold storage", xlabel=label, ylabel="five networks, s")
         ax.legend(fontsize="small")
-        out["runtime_by_memory_limit"] = fig
+        out[f"runtime_by_{what}"] = fig
         fig = Figure(figsize=(10, 7))
         for ax, mode in zip(fig.subplots(2, 2).flat, MODES, strict=True):
             for limit in order:
@@ -288,10 +291,10 @@ def figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                                  and r["memory_limit_mb"] == limit], "similar")  # fmt: skip
                 if xs:
                     ax.plot(xs, ys, marker="o", label=_limit_label(limit))
-            ax.set(title=f"{mode} mode, cold storage", xlabel="similar networks (of 5)",
-                   ylabel="five networks, s")  # fmt: skip
+            ax.set(title=f"{mode} mode, cold storage, by {label}",
+                   xlabel="similar networks (of 5)", ylabel="five networks, s")  # fmt: skip
             ax.legend(fontsize="small")
-        out["modes_by_memory_limit"] = fig
+        out[f"modes_by_{what}"] = fig
     split = [r for r in free if r["storage"] == "cold" and r["similar"] in (0, 5)]
     if split:
         fig = Figure(figsize=(7, 3.6))

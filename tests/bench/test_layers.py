@@ -78,7 +78,8 @@ def test_a_memory_limit_is_enforced_and_says_how(store, tmp_path):
 
 
 def _record(mode, similar, limit, storage="cold", total=1.0):
-    return {"mode": mode, "similar": similar, "memory_limit_mb": limit, "limit_by": None,
+    return {"mode": mode, "similar": similar, "memory_limit_mb": limit,
+            "limit_by": None if limit is None else "cgroup",
             "storage": storage, "total_s": total, "load_s": total / 2, "exec_s": total / 2,
             "peak_rss_mb": 500.0, "loads": 1, "hits": 0, "error": None}  # fmt: skip
 
