@@ -23,8 +23,9 @@ Contract:
 
 Layers are groups of parameter leaves (`layer_of`): a Flax module's kernel and
 bias (or a BatchNorm's scale, bias, mean and var, across the ``params`` and
-``batch_stats`` collections); for a flat dict with dotted names (ONNX
-initialisers) the name up to its last dot.
+``batch_stats`` collections); for a flat dict of names (ONNX initialisers) the
+name up to its last ``/`` (``conv2d/kernel:0``) or, without one, its last dot
+(``conv1.weight``); any other leaf is a layer of its own.
 """
 
 from __future__ import annotations
@@ -83,9 +84,11 @@ def layer_of(path: Sequence[Any]) -> tuple[str, str]:
     collection = ""
     if len(names) > 1 and names[0] in _COLLECTIONS:
         collection, names = names[0], names[1:]
-    if len(names) == 1 and "." in names[0]:
-        layer, _, leaf = names[0].rpartition(".")
-        return layer, leaf
+    if len(names) == 1:  # a flat name: TensorFlow's "conv2d/kernel:0", ONNX's "conv1.weight"
+        for sep in "/.":
+            if sep in names[0].strip(sep):
+                layer, _, leaf = names[0].rpartition(sep)
+                return layer, leaf
     layer = "/".join(names[:-1]) or names[-1]
     leaf = names[-1] if len(names) > 1 else "value"
     return layer, (f"{collection}:{leaf}" if collection == "batch_stats" else leaf)

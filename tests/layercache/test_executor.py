@@ -131,3 +131,20 @@ def test_a_model_the_split_cannot_enter_runs_whole_and_says_so(tmp_path):
     np.testing.assert_allclose(
         np.asarray(out), np.asarray(net.apply(variables, x)), rtol=1e-5, atol=1e-6
     )
+
+
+def test_an_imported_onnx_model_runs_layer_by_layer(tmp_path):
+    """Any model `transform` takes: MTCNN's P-Net from its ONNX file, whose
+    initialisers are named TensorFlow-style (``conv2d/kernel:0``)."""
+    pytest.importorskip("onnx")
+    fn, params = models.from_onnx(models.onnx_file("pnet"), input_shape=(1, 48, 64, 3))
+    x = jnp.asarray(np.random.default_rng(0).uniform(0, 1, (1, 48, 64, 3)), jnp.float32)
+    manifest = lc.save(params, tmp_path, "pnet")
+    assert [lay.name for lay in manifest.layers][:2] == ["conv2d", "conv2d_1"]
+    assert {"kernel:0", "bias:0"} <= set(manifest.layers[0].tensors)
+    model = lc.LayerwiseModel(fn, manifest, params, x)
+    for mode in lc.MODES:
+        out, times = model.run(x, mode=mode)
+        assert times.whole is None and len(times.segments) >= len(manifest.layers)
+        for got, want in zip(out, fn(params, x), strict=True):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)

@@ -37,6 +37,8 @@ def test_layers_group_a_modules_tensors_across_collections():
     assert lc.layer_of((jax.tree_util.DictKey("batch_stats"), jax.tree_util.DictKey("bn"),
                         jax.tree_util.DictKey("mean"))) == ("bn", "batch_stats:mean")  # fmt: skip
     assert lc.layer_of((jax.tree_util.DictKey("conv1.weight"),)) == ("conv1", "weight")
+    assert lc.layer_of((jax.tree_util.DictKey("a/conv2d/kernel:0"),)) == ("a/conv2d", "kernel:0")
+    assert lc.layer_of((jax.tree_util.DictKey("542"),)) == ("542", "value")
 
 
 def test_key_depends_on_bytes_shape_dtype_and_names():
