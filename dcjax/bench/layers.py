@@ -142,9 +142,11 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     x = _frame()
     like = jax.eval_shape(module.init, jax.random.PRNGKey(0), x)
     budget = None if job.get("budget_mb") is None else int(job["budget_mb"]) << 20
+    split = lc.split(module.apply, like, x)  # one architecture: traced once
 
     def networks(store):
-        return [lc.LayerwiseModel(module.apply, m, like, x, store=store) for m in manifests]
+        return [lc.LayerwiseModel(module.apply, m, like, x, store=store, split=split)
+                for m in manifests]  # fmt: skip
 
     for net in networks(lc.LayerStore()):  # compiles every segment, warms storage
         net.run(x, mode="linear")

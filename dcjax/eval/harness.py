@@ -583,7 +583,7 @@ def zoo_table() -> list[dict[str, Any]]:
             "params": sum(int(np.prod(np.shape(v))) for v in jax.tree_util.tree_leaves(params)),
             "conv_flops": int(flops),
             "convs": count,
-            "pretrained": True,
+            "pretrained": models.has_weights(name),
             "source": "onnx",
         })  # fmt: skip
     return rows

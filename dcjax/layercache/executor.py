@@ -36,7 +36,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from dcjax.layercache.split import Split, split
+from dcjax.layercache.split import Split
+from dcjax.layercache.split import split as _split
 from dcjax.layercache.store import LayerEntry, LayerStore, Manifest
 
 __all__ = ["MODES", "LayerTimes", "LayerwiseModel", "RunTimes", "params_of"]
@@ -77,13 +78,16 @@ class LayerwiseModel:
         params_like: its parameters or their shapes (the pytree ``fn`` takes).
         x_like: an input or its shape.
         store: the layer store, shared by the models that should share layers.
+        split: ``fn`` already split (`dcjax.layercache.split`), for models of one
+            architecture that differ only in their weights; default: split here.
     """
 
     def __init__(self, fn: Callable[[Any, Any], Any], manifest: Manifest, params_like: Any,
-                 x_like: Any, *, store: LayerStore | None = None) -> None:  # fmt: skip
+                 x_like: Any, *, store: LayerStore | None = None,
+                 split: Split | None = None) -> None:  # fmt: skip
         self.manifest = manifest
         self.store = LayerStore() if store is None else store
-        self.split: Split = split(fn, params_like, x_like)
+        self.split: Split = _split(fn, params_like, x_like) if split is None else split
         self._treedef = jax.tree_util.tree_structure(params_like)
         self._check_manifest(params_like)
         by_name = {lay.name: lay for lay in manifest.layers}

@@ -15,14 +15,13 @@ a plain JAX function that binds the models' own primitives, so ``jax.jit`` and
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from dcjax.layercache.split import Op, Split, _run, split
+from dcjax.layercache.split import Op, Split, _run, const_name, op_signature, split
 from dcjax.layercache.store import layer_key
 
 __all__ = ["Fused", "fuse"]
@@ -57,11 +56,6 @@ def _keys(sp: Split, params: Any) -> dict[str, str]:
     return {layer: layer_key(t) for layer, t in layers.items()}
 
 
-def _const_key(value: Any) -> str:
-    a = np.asarray(value)
-    return hashlib.sha256(f"{a.dtype.str}{a.shape}".encode() + a.tobytes()).hexdigest()
-
-
 class _Canon:
     """Canonical names of one model's value ids, for comparing segments across
     models whose ids are numbered differently."""
@@ -74,25 +68,19 @@ class _Canon:
         for i, xid in enumerate(sp.input_ids):
             self.names[xid] = ("input", i)
         for cid, value in sp.consts.items():
-            self.names[cid] = ("const", _const_key(value))
+            self.names[cid] = const_name(value)
         self.count = 0
 
     def signature(self, ops: Sequence[Op]) -> list[Any]:
         """The segment's operations with canonical operands; names the values they
         define (in order) as it goes."""
-        sig = []
-        for op in ops:
-            inputs = tuple(
-                ("lit", repr(a[1])) if isinstance(a, tuple) else self.names.get(a, ("?", a))
-                for a in op.inputs
-            )
-            for o in op.outputs:
-                name = ("value", self.count)
-                self.count += 1
-                self.names[o] = name
-                self.ids[name] = o
-            sig.append((op.primitive.name, repr(sorted(op.params.items())), inputs))
-        return sig
+        return [op_signature(op, self.names, self._name) for op in ops]
+
+    def _name(self, value_id: int) -> Any:
+        name = ("value", self.count)
+        self.count += 1
+        self.ids[name] = value_id
+        return name
 
 
 def fuse(models: Sequence[tuple[Callable[[Any, Any], Any], Any]], x_like: Any) -> Fused:

