@@ -20,7 +20,9 @@ Contract:
   a[i + dy, j + dx]`` along ``axes`` (wrapping: callers mask what leaves the
   map); a zero shift returns ``a`` untouched, the roll sitting in a loop of
   zero or one trip (on CPU), so a cache shifted by a still camera keeps its
-  buffer and is updated in place by the kernels.
+  buffer and is updated in place by the kernels. Under `jax.vmap` the loop
+  runs once for all streams when any of them moved (a roll by zero leaves
+  the others as they are).
 - `skipping_pays()` says whether such data-dependent skipping is worth it on
   the default backend. On CPU it is. On GPU a loop with a dynamic trip count
   copies its predicate to the host at every test (and a conditional once),
@@ -99,5 +101,24 @@ def shifted(a: jax.Array, dy: jax.Array, dx: jax.Array, axes: tuple[int, int]) -
     """
     if not skipping_pays():  # on GPU a roll costs less than the loop's test
         return jnp.roll(a, (-dy, -dx), axis=axes)
-    moved = ((dy != 0) | (dx != 0)).astype(jnp.int32)
+    moved = _any_trip((dy != 0) | (dx != 0))
     return lax.fori_loop(0, moved, lambda _, a: jnp.roll(a, (-dy, -dx), axis=axes), a)
+
+
+@jax.custom_batching.custom_vmap
+def _any_trip(pred: jax.Array) -> jax.Array:
+    """1 if ``pred`` else 0: the trip count of a loop of zero or one trip.
+
+    Under `jax.vmap` the count is 1 when ``pred`` holds for any stream, for
+    all of them, and unbatched: callers whose body is the identity where
+    ``pred`` is false (`shifted`: a roll by zero) then need no per-stream
+    select of the carry, which a batched trip count makes on every trip (a
+    copy of the whole carry).
+    """
+    return pred.astype(jnp.int32)
+
+
+@_any_trip.def_vmap
+def _any_trip_vmap(axis_size, in_batched, pred):
+    del axis_size
+    return (jnp.any(pred) if in_batched[0] else pred).astype(jnp.int32), False

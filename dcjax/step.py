@@ -84,9 +84,10 @@ class _CachePolicy(Policy):
         state: CacheState,
         ctx: FrameContext,
         refresh: jax.Array,
+        kept: tuple,
     ) -> None:
         self._plan, self._kernel = plan, config.kernel
-        self._state, self._ctx = state, ctx
+        self._state, self._ctx, self._kept = state, ctx, kept
         self.refines = plan.refines
         if plan.refines:
             self._refiner = InputRefiner(
@@ -137,7 +138,13 @@ class _CachePolicy(Policy):
             return kernels.dense_conv_eqn(eqn, invals), LayerResult(mask=mask, cache=old)
         sig = lp.layer.signature
         dy, dx, _ = self._ctx.shift(sig)
-        cached = shifted(old, dy, dx, sig.axes)
+        # Shifted in the state's shape (`cache_shape`): a loop carrying the
+        # layer's (1, H, W, C) shape would, under `jax.vmap`, be laid out apart
+        # from the state's buffer and copy it in (docs/performance-notes.md).
+        kept = self._kept[layer]
+        drop = kept.ndim - old.ndim
+        cached = shifted(kept, dy, dx, tuple(a + drop for a in sig.axes))
+        cached = cached.reshape(old.shape)
         if lp.chain is not None:
             out = _chain_output(eqn, invals, epilogue, mask, cached)
         else:
@@ -404,7 +411,7 @@ class Step:
                 for c, lp in zip(kept, plan.layers, strict=True)
             ),
         )
-        policy = _CachePolicy(plan, self.config, state, ctx, refresh)
+        policy = _CachePolicy(plan, self.config, state, ctx, refresh, kept)
         args, masks = [*leaves, x[None]], [True] * len(leaves) + [r0]
         refs, ref_scale = tuple(state.refs), state.ref_scale
         dense, dense_reuse = tuple(state.dense), jnp.zeros((len(plan.dense),), jnp.float32)

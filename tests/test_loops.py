@@ -1,13 +1,15 @@
-"""`dcjax._loops`: the halving step sizes of the sparse kernels, and `run_if`."""
+"""`dcjax._loops`: the halving step sizes of the sparse kernels, `run_if` and `shifted`."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dcjax._loops import halving_sizes, run_if
+from dcjax._loops import halving_sizes, run_if, shifted
 
 
 @given(st.integers(1, 64), st.integers(1, 5000))
@@ -34,3 +36,30 @@ def test_run_if_runs_the_function_only_where_asked():
     init = jnp.float32(-1.0)
     assert float(run_if(jnp.bool_(True), fn, (jnp.float32(2.0), jnp.float32(3.0)), init)) == 6.0
     assert float(run_if(jnp.bool_(False), fn, (jnp.float32(2.0), jnp.float32(3.0)), init)) == -1.0
+
+
+def test_shifted_rolls_each_stream_by_its_own_shift_under_vmap():
+    a = jnp.arange(3 * 5 * 6 * 2, dtype=jnp.float32).reshape(3, 5, 6, 2)
+    dy = jnp.array([0, 1, -2])
+    dx = jnp.array([0, 0, 3])
+    got = jax.jit(jax.vmap(lambda a, dy, dx: shifted(a, dy, dx, (0, 1))))(a, dy, dx)
+    for i in range(3):  # a still stream (shift 0) beside moving ones keeps its values
+        want = jnp.roll(a[i], (-int(dy[i]), -int(dx[i])), axis=(0, 1))
+        np.testing.assert_array_equal(got[i], want)
+    # every stream still: nothing moves
+    still = jax.vmap(lambda a, dy, dx: shifted(a, dy, dx, (0, 1)))(a, 0 * dy, 0 * dx)
+    np.testing.assert_array_equal(still, a)
+
+
+def test_shifted_under_vmap_runs_one_unbatched_loop_without_a_per_stream_select():
+    # A batched trip count makes vmap select the whole carry per stream on
+    # every trip (a copy of every cache in the streams' step).
+    jaxpr = jax.make_jaxpr(jax.vmap(lambda a, dy, dx: shifted(a, dy, dx, (0, 1))))(
+        jnp.zeros((4, 8, 8, 3)), jnp.zeros((4,), jnp.int32), jnp.zeros((4,), jnp.int32)
+    )
+    loops = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "while"]
+    assert len(loops) == 1
+    cond = loops[0].params["cond_jaxpr"].jaxpr
+    assert cond.outvars[0].aval.shape == ()
+    body = loops[0].params["body_jaxpr"].jaxpr
+    assert not [e for e in body.eqns if e.primitive.name == "select_n"]

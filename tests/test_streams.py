@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import jax
+import jax.extend
 import numpy as np
 import pytest
 
@@ -80,6 +81,33 @@ def test_streams_equal_independent_steps_with_staggered_refreshes():
     assert refreshed[0].all()
     assert not refreshed[1:].all(axis=1).any()
     assert refreshed[1:].any(axis=1).all()  # each later frame refreshes some stream (period 3)
+
+
+def _loop_carries(jaxpr):
+    """Shapes of every loop carry in ``jaxpr`` and the jaxprs nested in it."""
+    out = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "while":
+            out += [tuple(v.aval.shape) for v in eqn.params["body_jaxpr"].jaxpr.outvars]
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            out += _loop_carries(sub)
+    return out
+
+
+def test_no_loop_of_the_streams_step_carries_a_cache_with_its_batch_axis_of_1():
+    # Under vmap a (1, H, W, C) carry becomes (N, 1, H, W, C), which XLA:CPU
+    # lays out apart from the state's (N, H, W, C) buffer and copies in and
+    # out of the loop on every step (docs/performance-notes.md).
+    cached = _cached()
+    states = cached.streams(N).init()
+    frames = np.zeros((N, SIZE, SIZE, 3), np.uint8)
+    step = jax.vmap(cached._step, in_axes=(None, 0, 0, None))
+    jaxpr = jax.make_jaxpr(step)(cached._traced.leaves, states, frames, None).jaxpr
+    caches = {tuple(c.shape[1:]) for c in states.caches if c is not None}
+    assert caches and all(len(c) == 3 for c in caches)
+    carries = _loop_carries(jaxpr)
+    assert {(N, *c) for c in caches} <= set(carries)  # the caches do go through loops
+    assert not [s for s in carries if len(s) == 5 and s[1] == 1 and tuple(s[2:]) in caches]
 
 
 def test_unstaggered_streams_refresh_together():

@@ -22,8 +22,10 @@ mean times against the baselines at the same N), and for the cached methods
 the ``ideal`` speedup (total FLOPs over the FLOPs the streams' frames
 computed, from an untimed pass with statistics over the same frames), the
 ``still_fraction`` (stream frames whose input was wholly reusable with no
-motion), the ``refresh_fraction`` and the ``top1_agreement`` with the dense
-outputs. Records go to ``bench-results/streams.json``; ``--report PATH``
+motion), the ``refresh_fraction``, the ``top1_agreement`` with the dense
+outputs and the ``plan`` the measured tuning chose, calibrated on the clip's
+first frames (``"cached"``, ``"dense"``, ``"nocache"``; ``"prior"`` without
+measurement). Records go to ``bench-results/streams.json``; ``--report PATH``
 plots throughput against N.
 """
 
@@ -71,8 +73,9 @@ def stream_clips(frames: np.ndarray, n: int, length: int, offset: int) -> np.nda
     return np.stack([frames[i * step : i * step + length] for i in range(n)], axis=1)
 
 
-def _methods(spec, config) -> dict[str, Any]:
-    """Per method ``(init(n), step(state, frames) -> (out, state, info))``."""
+def _methods(spec, config) -> tuple[dict[str, Any], str]:
+    """Per method ``(init(n), step(state, frames) -> (out, state, info))``, and
+    the cached model's plan (`dcjax.eval.methods.tuning_dict`)."""
     import jax
 
     from dcjax.eval import methods
@@ -82,6 +85,7 @@ def _methods(spec, config) -> dict[str, Any]:
     apply, leaves = methods.fast_apply(spec)
     dense = jax.jit(jax.vmap(apply, in_axes=(None, 0)))
     cached = methods.transform(spec, config)
+    plan = methods.tuning_dict(cached)["plan"]
     by_n: dict[int, Any] = {}
 
     def streams(n):
@@ -100,7 +104,7 @@ def _methods(spec, config) -> dict[str, Any]:
         "dense": (lambda n: None, lambda s, f: (dense(leaves, f), s, None)),
         "deepcache": (cached_init(True), cached_step),
         "deepcache_sync": (cached_init(False), cached_step),
-    }
+    }, plan
 
 
 def _statistics(spec, config, clips: np.ndarray) -> dict[str, np.ndarray]:
@@ -140,11 +144,14 @@ def run(
     import jax.numpy as jnp
 
     from dcjax.eval import methods
+    from dcjax.eval.harness import CALIBRATION_FRAMES
 
     if config is None:
         config = methods.deepcache_config({})
     config = dataclasses.replace(config, statistics=False)
-    runners = _methods(spec, config)
+    if spec.calibration is None:  # the measured tuning calibrates on the clip's first frames
+        spec = dataclasses.replace(spec, calibration=frames[:CALIBRATION_FRAMES])
+    runners, plan = _methods(spec, config)
     clips_max = stream_clips(frames, max(streams), length, offset)
     stats = _statistics(spec, config, clips_max)
     records = []
@@ -187,6 +194,7 @@ def run(
                     refresh_fraction=float(stats["refreshed"][:, :n].mean()),
                     top1_agreement=_agreement(np.stack(outs[m]), np.stack(outs["dense"])),
                     kernel=config.kernel,
+                    plan=plan,
                 )
             records.append(rec)
     return records
