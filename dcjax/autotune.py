@@ -13,7 +13,10 @@ transform calls `tune_model` between the analysis and `dcjax.plan.make_plan`:
 2. The cached plan's expected saving (dense cost minus chosen cost, summed
    over the layers) is set against what caching adds per frame: the block
    matcher's cost over the cheapest still-frame test's (both timed here, on
-   the frame's shape). When the saving does not pay for it, the plan is
+   the frame's shape: on the calibration frames where there are some, since
+   the search's cost depends on the motion it meets, on a still camera a
+   quarter of what a moving one costs; without them on a synthetic pair of
+   frames moved by a few pixels, the costlier case). When the saving does not pay for it, the plan is
    ``"dense"``: the step computes every layer in full and keeps only the
    still-frame skip, found by the same-position matcher (`dense_config`).
    Only where that changes nothing but the speed (`may_fall_back`: the
@@ -45,6 +48,7 @@ from dcjax.transforms import queries
 from dcjax.transforms.records import Analysis
 
 __all__ = [
+    "MATCH_PAIRS",
     "PLANS",
     "Calibration",
     "Tuning",
@@ -61,6 +65,9 @@ __all__ = [
 #: with the still-frame skip (`dense_config`), or, after a race on calibration
 #: frames, the dense step with no matcher at all (`nocache_config`).
 PLANS = ("cached", "dense", "nocache")
+
+#: Consecutive pairs of calibration frames the matchers are timed on (`tune_model`).
+MATCH_PAIRS = 8
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -151,6 +158,23 @@ def matcher_of(config: Config) -> StreamMatcher:
     )  # fmt: skip
 
 
+def _matcher_cost_on(matcher: StreamMatcher, frames: Any, repeats: int) -> float:
+    """Mean seconds a match of consecutive ``frames`` (T >= 2), each pair's the
+    least of ``repeats`` calls after one warm-up call."""
+    frames = jnp.asarray(frames)
+    fn = jax.jit(lambda a, b: matcher.match_frames(a, b).mask)
+    fn(frames[0], frames[1]).block_until_ready()
+    costs = []
+    for a, b in zip(frames[:-1], frames[1:]):
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn(a, b).block_until_ready()
+            best = min(best, time.perf_counter() - t0)
+        costs.append(best)
+    return float(np.mean(costs))
+
+
 def _matcher_cost(matcher: StreamMatcher, frame_shape, dtype, repeats: int) -> float:
     """Seconds a match of two frames of ``frame_shape``, the second the first moved
     by a few pixels (the least of ``repeats`` calls after a warm-up)."""
@@ -182,6 +206,7 @@ def tune_model(
     cache: kt.TuningCache | None = None,
     repeats: int = 5,
     progress: bool = True,
+    frames: Any = None,
 ) -> Tuning:
     """Measure and decide the plan of ``analysis`` (see the module docstring).
 
@@ -199,6 +224,9 @@ def tune_model(
         repeats: timed calls per measurement.
         progress: show a progress bar while measuring (unless within
             `progress_bars(False)`).
+        frames: calibration frames ``(T >= 2, H, W, C)`` of the stream: the
+            matchers are timed on them (see the module docstring); None: on
+            a synthetic moved pair, measured once per machine.
     """
     start = time.perf_counter()
     backend = backend or jax.default_backend()
@@ -225,7 +253,7 @@ def tune_model(
     for i, r in zip(tuned, results, strict=True):
         layers[i] = r
     saving = float(sum(r.dense_cost - r.cost for r in results))
-    overhead = _overhead(config, frame_shape, frame_dtype, cache, repeats)
+    overhead = _overhead(config, frame_shape, frame_dtype, cache, repeats, frames)
     plan = "cached" if saving > overhead or not may_fall_back(config) else "dense"
     return Tuning(
         plan=plan,
@@ -237,13 +265,20 @@ def tune_model(
     )
 
 
-def _overhead(config: Config, frame_shape, frame_dtype, cache: kt.TuningCache, repeats) -> float:
-    """The block matcher's cost over the still test's, measured once per machine
-    and setting (kept in ``cache``)."""
+def _overhead(
+    config: Config, frame_shape, frame_dtype, cache: kt.TuningCache, repeats, frames=None
+) -> float:
+    """The block matcher's cost over the still test's: on ``frames`` where given
+    (up to `MATCH_PAIRS` pairs of them), else on a synthetic moved pair,
+    measured once per machine and setting (kept in ``cache``)."""
+    matchers = [matcher_of(cfg) for cfg in (config, dense_config(config))]
+    if frames is not None:
+        frames = jnp.asarray(frames)[: MATCH_PAIRS + 1]
+        costs = [_matcher_cost_on(m, frames, max(1, repeats // 2)) for m in matchers]
+        return max(costs[0] - costs[1], 0.0)
     machine = kt.machine_key()
     costs = []
-    for cfg in (config, dense_config(config)):
-        matcher = matcher_of(cfg)
+    for matcher in matchers:
         key = f"matcher {matcher!r} {tuple(frame_shape)} {jnp.dtype(frame_dtype).name}"
         got = cache.get(machine, key, "match")
         if got is None:

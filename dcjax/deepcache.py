@@ -108,6 +108,7 @@ class CachedModel:
         preprocess: Callable[[jax.Array], jax.Array] | None,
         input_dtype: Any,
         tuning_fractions: Sequence[float] | float | None = None,
+        tuning_frames: Any = None,
         progress: bool = True,
     ) -> None:
         if not isinstance(config, Config):
@@ -137,7 +138,7 @@ class CachedModel:
         ):
             self.tuning = autotune.tune_model(
                 self._analysis, config, frame_shape=self.frame_shape,
-                fractions=tuning_fractions, progress=progress,
+                fractions=tuning_fractions, frames=tuning_frames, progress=progress,
             )  # fmt: skip
             if self.tuning.plan == "dense":
                 config = self.config = autotune.dense_config(config)
@@ -436,8 +437,8 @@ def transform(
         calibration: a few frames ``(T, H, W, C)`` of the stream (T >= 2) for
             the measured tuning (``Config.tuning``): each layer's kernel is
             chosen for the dirty fraction these frames show there, found by
-            running them through the model with every layer cached; then the
-            tuned plan, the dense plan (`dcjax.autotune.dense_config`) and
+            running them through the model with every layer cached, and the
+            block matcher's cost is timed on them; then the tuned plan, the dense plan (`dcjax.autotune.dense_config`) and
             the dense step without a matcher (`dcjax.autotune.nocache_config`)
             race over the frames, and the fastest is returned
             (``tuning.plan``, ``tuning.raced``). None: kernels chosen for every fraction
@@ -469,6 +470,7 @@ def transform(
         preprocess=preprocess,
         input_dtype=input_dtype,
         tuning_fractions=fractions,
+        tuning_frames=None if fractions is None else calibration,
         progress=progress,
     )
     tuning = cached.tuning

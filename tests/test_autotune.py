@@ -2,6 +2,7 @@
 the dense plan where caching cannot pay, calibration on the stream's frames."""
 
 import time
+import types
 
 import flax.linen as nn
 import jax
@@ -133,6 +134,49 @@ def test_calibration_frames_choose_for_the_streams_fractions(model, fake):
     assert [c.impl for c in cached.tuning.choices] == ["xla"] * 3
     with pytest.raises(ValueError, match="calibration must be frames of shape"):
         dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, calibration=busy[:1])
+
+
+def test_with_calibration_frames_the_matchers_are_timed_on_them(model, fake, monkeypatch):
+    # The search's cost depends on the motion it meets: a still camera's frames
+    # cost a fraction of the synthetic moved pair's, so the stream's own frames decide.
+    costs, matcher = fake
+    costs.update(dense=lambda f: 1e-3, xla=lambda f: 0.9e-3, rows=lambda f: 2e-3)
+    matcher["diamond"] = 1.1e-3  # on the moved pair: more than the 0.3 ms saved
+    seen = []
+
+    def on_frames(m, frames, repeats):
+        seen.append((m.name, np.asarray(frames)))
+        return {"diamond": 2e-4, "static": 1e-5}[m.name]
+
+    monkeypatch.setattr(autotune, "_matcher_cost_on", on_frames)
+    monkeypatch.setattr(autotune, "race", lambda models, frames: [1.0] * len(models))
+    net, variables = model
+    cfg = dcjax.Config(tuning="measure", refresh_every=None)
+    frames = np.repeat(_frames(), 2, axis=0)  # 12 frames
+    cached = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, calibration=frames)
+    assert cached.tuning.overhead == pytest.approx(2e-4 - 1e-5)
+    assert cached.tuning.plan == "cached"
+    assert [name for name, _ in seen] == ["diamond", "static"]
+    for _, got in seen:  # the first MATCH_PAIRS pairs of the calibration frames
+        np.testing.assert_array_equal(got, frames[: autotune.MATCH_PAIRS + 1])
+    seen.clear()
+    uncalibrated = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg)
+    assert not seen and uncalibrated.tuning.plan == "dense"
+    assert uncalibrated.tuning.overhead == pytest.approx(1.1e-3 - 1e-5)
+
+
+def test_matchers_cost_on_frames_is_a_mean_over_their_pairs(monkeypatch):
+    calls = []
+
+    class Matcher:
+        def match_frames(self, a, b):
+            calls.append(1)
+            return types.SimpleNamespace(mask=a == b)
+
+    frames = np.zeros((4, 8, 8, 3), np.uint8)
+    cost = autotune._matcher_cost_on(Matcher(), frames, repeats=2)
+    assert 0 < cost < 1.0
+    assert calls == [1]  # traced once, then the compiled matcher runs 3 pairs x 2 repeats
 
 
 def test_real_measurements_are_made_once_and_kept(model, monkeypatch, tmp_path):

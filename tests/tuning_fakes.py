@@ -6,7 +6,7 @@ from dcjax.kernels import tuning as kt
 
 def fake_measurements(monkeypatch, path, costs, matcher=None):
     """Candidates cost ``costs[impl](fraction)`` seconds a call and a matcher
-    ``matcher.get(name, 1e-6)`` seconds (both looked up when measured, so a
+    ``matcher.get(name, 1e-6)`` seconds (on a synthetic pair or on calibration frames) (both looked up when measured, so a
     test may change them); measurements are kept in the file ``path``.
     Returns ``matcher``."""
     monkeypatch.setenv(kt.CACHE_ENV, str(path))
@@ -20,4 +20,5 @@ def fake_measurements(monkeypatch, path, costs, matcher=None):
     )
     matcher = {} if matcher is None else matcher
     monkeypatch.setattr(autotune, "_matcher_cost", lambda m, *a: matcher.get(m.name, 1e-6))
+    monkeypatch.setattr(autotune, "_matcher_cost_on", lambda m, *a: matcher.get(m.name, 1e-6))
     return matcher
