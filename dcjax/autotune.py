@@ -16,9 +16,10 @@ transform calls `tune_model` between the analysis and `dcjax.plan.make_plan`:
    the frame's shape: on the calibration frames where there are some, since
    the search's cost depends on the motion it meets, on a still camera a
    quarter of what a moving one costs; without them on a synthetic pair of
-   frames moved by a few pixels, the costlier case). When the saving does not pay for it, the plan is
-   ``"dense"``: the step computes every layer in full and keeps only the
-   still-frame skip, found by the same-position matcher (`dense_config`).
+   frames moved by a few pixels, the costlier case). When the saving does
+   not pay for it, the plan is ``"dense"``: the step computes every layer
+   in full and keeps only the still-frame skip, found by the same-position
+   matcher (`dense_config`).
    Only where that changes nothing but the speed (`may_fall_back`: the
    still-frame skip on, a PSNR block matcher); elsewhere (DeepMon's
    histograms, no matcher) the plan stays ``"cached"`` with the measured

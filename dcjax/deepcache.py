@@ -438,11 +438,12 @@ def transform(
             the measured tuning (``Config.tuning``): each layer's kernel is
             chosen for the dirty fraction these frames show there, found by
             running them through the model with every layer cached, and the
-            block matcher's cost is timed on them; then the tuned plan, the dense plan (`dcjax.autotune.dense_config`) and
-            the dense step without a matcher (`dcjax.autotune.nocache_config`)
-            race over the frames, and the fastest is returned
-            (``tuning.plan``, ``tuning.raced``). None: kernels chosen for every fraction
-            alike, no race. Ignored where tuning does not run.
+            block matcher's cost is timed on them; then the tuned plan, the
+            dense plan (`dcjax.autotune.dense_config`) and the dense step
+            without a matcher (`dcjax.autotune.nocache_config`) race over the
+            frames, and the fastest is returned (``tuning.plan``,
+            ``tuning.raced``). None: kernels chosen for every fraction alike,
+            no race. Ignored where tuning does not run.
         progress: show a progress bar while kernels are measured.
 
     Returns:

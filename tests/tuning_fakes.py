@@ -6,9 +6,9 @@ from dcjax.kernels import tuning as kt
 
 def fake_measurements(monkeypatch, path, costs, matcher=None):
     """Candidates cost ``costs[impl](fraction)`` seconds a call and a matcher
-    ``matcher.get(name, 1e-6)`` seconds (on a synthetic pair or on calibration frames) (both looked up when measured, so a
-    test may change them); measurements are kept in the file ``path``.
-    Returns ``matcher``."""
+    ``matcher.get(name, 1e-6)`` seconds on a synthetic pair or on calibration
+    frames (both looked up when measured, so a test may change them);
+    measurements are kept in the file ``path``. Returns ``matcher``."""
     monkeypatch.setenv(kt.CACHE_ENV, str(path))
     monkeypatch.setattr(kt, "_compiled", lambda p, c, dtype=None: c)
     monkeypatch.setattr(
