@@ -239,13 +239,21 @@ class CachedModel:
         )
 
     def streams(
-        self, n: int, *, stagger: bool = True, mesh: Any = None, axis: str = "streams"
+        self,
+        n: int,
+        *,
+        stagger: bool = True,
+        mesh: Any = None,
+        axis: str = "streams",
+        schedule: str = "pooled",
     ) -> Streams:
         """``n`` streams stepped together (`dcjax.streams.Streams`): stacked
         states, one step for all of them that pools their dirty tiles layer by
-        layer, refreshes staggered over the streams (``stagger``), optionally
-        split over the ``axis`` of a `jax.sharding.Mesh`."""
-        return Streams(self, n, stagger=stagger, mesh=mesh, axis=axis)
+        layer (``schedule="pooled"``) or the streams' own steps one after the
+        other (``"sequential"``), refreshes staggered over the streams
+        (``stagger``), optionally split over the ``axis`` of a
+        `jax.sharding.Mesh`."""
+        return Streams(self, n, stagger=stagger, mesh=mesh, axis=axis, schedule=schedule)
 
     def step(
         self, state: CacheState, frame: jax.Array, match: Match | None = None

@@ -16,6 +16,16 @@ Contract:
   pools the dirty tiles of all streams into one computation sized by their
   total (`dcjax.kernels.xla.pooled`), so a still stream contributes no tiles;
   the network is skipped when every stream's frame is still.
+- ``schedule`` says how the streams share the machine (`SCHEDULES`):
+  ``"pooled"`` is the ``jax.vmap`` above, one program for all streams;
+  ``"sequential"`` steps each stream with the model's own compiled step, one
+  after the other (its states are a tuple of ``n`` states, not a stack): no
+  pooling, but each layer's maps stay as small as one stream's, which is
+  faster where they outgrow the processor's caches (a camera's full
+  resolution on a CPU: docs/performance-notes.md), and a still stream skips
+  its whole network even while others move. Outputs and infos are stacked
+  alike; the outputs of the two are equal (to float rounding). The
+  sequential schedule runs on one device (no ``mesh``).
 - ``init()`` makes ``n`` fresh states; with ``stagger`` (the default) stream
   ``i`` refreshes on its own phase (``refresh_phase = i * refresh_every //
   n``, `dcjax.state.init_state`), so that the streams' periodic full
@@ -34,6 +44,7 @@ Contract:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -48,7 +59,10 @@ from dcjax.matching import Match
 if TYPE_CHECKING:
     from dcjax.deepcache import CachedModel
 
-__all__ = ["Streams", "refresh_phases"]
+__all__ = ["SCHEDULES", "Streams", "refresh_phases"]
+
+#: How `Streams` steps its streams (see the module docstring).
+SCHEDULES = ("pooled", "sequential")
 
 
 def refresh_phases(n: int, refresh_every: int | None, *, stagger: bool = True) -> list[int]:
@@ -68,6 +82,7 @@ class Streams:
         stagger: spread the streams' periodic refreshes over the period.
         mesh: a `jax.sharding.Mesh` to split the streams over, or None (one device).
         axis: the mesh axis the streams are split along.
+        schedule: one of `SCHEDULES`.
     """
 
     def __init__(
@@ -78,11 +93,19 @@ class Streams:
         stagger: bool = True,
         mesh: Mesh | None = None,
         axis: str = "streams",
+        schedule: str = "pooled",
     ) -> None:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"dcjax: n (streams) must be a positive int, got {n!r}")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"dcjax: schedule must be one of {SCHEDULES}, got {schedule!r}")
+        if schedule == "sequential" and mesh is not None:
+            raise ValueError(
+                "dcjax: the sequential schedule runs on one device; use schedule='pooled' "
+                "to split streams over a mesh"
+            )
         self.cached, self.n, self.stagger = cached, int(n), bool(stagger)
-        self.mesh, self.axis = mesh, axis
+        self.mesh, self.axis, self.schedule = mesh, axis, schedule
         if mesh is not None:
             if not isinstance(mesh, Mesh):
                 raise TypeError(
@@ -143,13 +166,16 @@ class Streams:
     # -- the streams -----------------------------------------------------------
 
     def init(self, *, stagger: bool | None = None) -> Any:
-        """``n`` fresh states stacked along a leading axis (placed on the mesh),
-        their refreshes staggered as the `Streams` says, or as ``stagger`` does
-        (the same compiled step runs either)."""
+        """``n`` fresh states stacked along a leading axis (placed on the mesh;
+        a tuple of ``n`` states with the sequential schedule), their refreshes
+        staggered as the `Streams` says, or as ``stagger`` does (the same
+        compiled step runs either)."""
         phases = self.phases
         if stagger is not None:
             phases = refresh_phases(self.n, self.cached.config.refresh_every, stagger=stagger)
         states = [self.cached.init(refresh_phase=p) for p in phases]
+        if self.schedule == "sequential":
+            return tuple(states)
         stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *states)
         if self.mesh is None:
             return stacked
@@ -169,6 +195,13 @@ class Streams:
         frames = self._check_frames(frames, "frames", lead=())
         self._check_states(states)
         matches = self._check_matches(matches, lead=())
+        if self.schedule == "sequential":
+            results = [
+                self.cached.step(st, frames[i], None if matches is None else _index(matches, i))
+                for i, st in enumerate(states)
+            ]
+            outs, new, infos = zip(*results, strict=True)
+            return _stacked(outs, 0), tuple(new), _stacked(infos, 0)
         fn = self._step_fn(matches is not None)
         return fn(self.cached._traced.leaves, states, self._place(frames), self._place(matches))
 
@@ -179,6 +212,10 @@ class Streams:
         if states is None:
             states = self.init()
         self._check_states(states)
+        if self.schedule == "sequential":
+            results = [self.cached.run(frames[:, i], st) for i, st in enumerate(states)]
+            outs, new, infos = zip(*results, strict=True)
+            return _stacked(outs, 1), tuple(new), _stacked(infos, 1)
         if self._run_fn is None:
             step = self._step_fn(False, jitted=False)
 
@@ -256,6 +293,18 @@ class Streams:
         return flat.reshape(shape)
 
     def _check_states(self, states: Any) -> None:
+        if self.schedule == "sequential":
+            if not isinstance(states, tuple) or len(states) != self.n:
+                raise ValueError(
+                    f"dcjax: states must be the tuple of {self.n} states this Streams' "
+                    "init() makes (sequential schedule)"
+                )
+            for st in states:
+                self._check_state(st, ())
+            return
+        self._check_state(states, (self.n,))
+
+    def _check_state(self, states: Any, lead: tuple) -> None:
         structure = jax.tree_util.tree_structure
         if structure(self._abstract) != structure(states):
             raise ValueError(
@@ -268,11 +317,11 @@ class Streams:
             jax.tree_util.tree_leaves(states),
         ):
             shape = tuple(np.shape(b))
-            if shape != (self.n, *a.shape) or jnp.dtype(b.dtype) != a.dtype:
+            if shape != (*lead, *a.shape) or jnp.dtype(b.dtype) != a.dtype:
                 where = jax.tree_util.keystr(path[0])
                 raise ValueError(
                     f"dcjax: states{where} has shape {shape} {jnp.dtype(b.dtype).name}, "
-                    f"expected {(self.n, *a.shape)} {a.dtype.name} ({self.n} streams of this "
+                    f"expected {(*lead, *a.shape)} {a.dtype.name} ({self.n} streams of this "
                     "model and config); make them with this Streams' init()"
                 )
 
@@ -285,3 +334,13 @@ class Streams:
                 f"dcjax: matches has {checked.motion.shape[0]} streams; expected {self.local_count}"
             )
         return checked
+
+
+def _index(tree: Any, i: int) -> Any:
+    """Stream ``i`` of a pytree of per-stream arrays."""
+    return jax.tree_util.tree_map(lambda a: a[i], tree)
+
+
+def _stacked(trees: Sequence[Any], axis: int) -> Any:
+    """Per-stream pytrees stacked along ``axis``."""
+    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=axis), *trees)

@@ -110,6 +110,52 @@ def test_no_loop_of_the_streams_step_carries_a_cache_with_its_batch_axis_of_1():
     assert not [s for s in carries if len(s) == 5 and s[1] == 1 and tuple(s[2:]) in caches]
 
 
+def test_sequential_streams_equal_the_pooled_ones():
+    pooled, outs, refreshed, run_outs = _reference()
+    streams = _cached().streams(N, schedule="sequential")
+    assert streams.phases == pooled.phases
+    states = streams.init()
+    assert isinstance(states, tuple) and len(states) == N
+    got, got_refreshed = [], []
+    for t in range(T):
+        out, states, info = streams.step(states, _clip()[t])
+        got.append(np.asarray(out))
+        got_refreshed.append(np.asarray(info["refreshed"]))
+    _close(np.stack(got), outs)
+    np.testing.assert_array_equal(np.stack(got_refreshed), refreshed)
+    run, states, infos = streams.run(_clip())
+    _close(run, run_outs)
+    assert np.asarray(infos["refreshed"]).shape == (T, N)
+    assert len(states) == N
+
+
+def test_a_sequential_still_stream_skips_its_network_while_others_move():
+    cached = _cached(statistics=True)
+    streams = cached.streams(2, stagger=False, schedule="sequential")
+    clip = _clip()[:2, :2].copy()
+    clip[1, 0] = 255 - clip[0, 0]  # stream 0 changes everywhere
+    clip[1, 1] = clip[0, 1]  # stream 1 stands still
+    states = streams.init()
+    for t in range(2):
+        out, states, info = streams.step(states, clip[t])
+    assert np.asarray(info["skipped"]).tolist() == [False, True]
+
+
+def test_bad_schedules_and_sequential_states_are_errors():
+    cached = _cached()
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        cached.streams(2, schedule="fast")
+    mesh = jax.make_mesh((1,), ("streams",))
+    with pytest.raises(ValueError, match="sequential schedule runs on one device"):
+        cached.streams(2, mesh=mesh, schedule="sequential")
+    streams = cached.streams(2, schedule="sequential")
+    frames = _clip()[0, :2]
+    with pytest.raises(ValueError, match="states must be the tuple of 2 states"):
+        streams.step(cached.streams(2).init(), frames)  # the pooled schedule's stack
+    with pytest.raises(ValueError, match="states must be the tuple of 2 states"):
+        streams.step(cached.streams(3, schedule="sequential").init(), frames)
+
+
 def test_unstaggered_streams_refresh_together():
     cached = _cached()
     streams = cached.streams(N, stagger=False)

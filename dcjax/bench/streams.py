@@ -12,7 +12,10 @@ frame (the order rotating):
   ``jax.vmap`` over the N frames;
 - ``deepcache``: `dcjax.streams.Streams` with staggered refreshes;
 - ``deepcache_sync``: the same compiled step with every stream refreshing on
-  the same frames (no stagger), for the latency it costs.
+  the same frames (no stagger), for the latency it costs;
+- ``deepcache_sequential``: the streams stepped one after the other by the
+  model's own step (`dcjax.streams.Streams`' ``schedule="sequential"``),
+  staggered.
 
 Per method and N the records give ``mean_ms`` (the mean time of a step over
 N: a frame's cost), ``throughput_fps`` (frames of all streams a second),
@@ -60,7 +63,7 @@ from dcjax.bench.common import (
 __all__ = ["METHODS", "main", "run", "stream_clips"]
 
 #: The methods measured at each number of streams.
-METHODS = ("plain", "dense", "deepcache", "deepcache_sync")
+METHODS = ("plain", "dense", "deepcache", "deepcache_sync", "deepcache_sequential")
 
 
 def stream_clips(frames: np.ndarray, n: int, length: int, offset: int) -> np.ndarray:
@@ -86,24 +89,28 @@ def _methods(spec, config) -> tuple[dict[str, Any], str]:
     dense = jax.jit(jax.vmap(apply, in_axes=(None, 0)))
     cached = methods.transform(spec, config)
     plan = methods.tuning_dict(cached)["plan"]
-    by_n: dict[int, Any] = {}
+    by_n: dict[tuple[int, str], Any] = {}
 
-    def streams(n):
-        if n not in by_n:
-            by_n[n] = cached.streams(n)
-        return by_n[n]
+    def streams(n, schedule):
+        if (n, schedule) not in by_n:
+            by_n[n, schedule] = cached.streams(n, schedule=schedule)
+        return by_n[n, schedule]
 
-    def cached_init(stagger):
-        return lambda n: streams(n).init(stagger=stagger)
+    def cached_init(stagger, schedule="pooled"):
+        return lambda n: streams(n, schedule).init(stagger=stagger)
 
-    def cached_step(state, frames):
-        return streams(frames.shape[0]).step(state, frames)
+    def cached_step(schedule="pooled"):
+        return lambda state, frames: streams(frames.shape[0], schedule).step(state, frames)
 
     return {
         "plain": (lambda n: None, lambda s, f: (plain(variables, f), s, None)),
         "dense": (lambda n: None, lambda s, f: (dense(leaves, f), s, None)),
-        "deepcache": (cached_init(True), cached_step),
-        "deepcache_sync": (cached_init(False), cached_step),
+        "deepcache": (cached_init(True), cached_step()),
+        "deepcache_sync": (cached_init(False), cached_step()),
+        "deepcache_sequential": (
+            cached_init(True, "sequential"),
+            cached_step("sequential"),
+        ),
     }, plan
 
 
