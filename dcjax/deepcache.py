@@ -96,6 +96,8 @@ class CachedModel:
             (`dcjax.autotune.Tuning`), or None where it did not run
             (``Config.kernel`` other than "auto", ``Config.tuning="prior"``,
             semantic exits).
+        calibration: the frames `transform` was given to calibrate on, or
+            None (`streams` races its schedules on them).
     """
 
     def __init__(
@@ -130,6 +132,7 @@ class CachedModel:
         frame_sig = Spatial(axes=(1, 2), size=self.frame_shape[:2], stride=(1, 1))
         self._analysis = analyze(self._traced.jaxpr, [None] * n + [frame_sig], [False] * n + [True])
         self.tuning: autotune.Tuning | None = None
+        self.calibration: Any = None
         kernels = None
         if (
             config.kernel == "auto"
@@ -245,14 +248,14 @@ class CachedModel:
         stagger: bool = True,
         mesh: Any = None,
         axis: str = "streams",
-        schedule: str = "pooled",
+        schedule: str = "auto",
     ) -> Streams:
         """``n`` streams stepped together (`dcjax.streams.Streams`): stacked
         states, one step for all of them that pools their dirty tiles layer by
         layer (``schedule="pooled"``) or the streams' own steps one after the
-        other (``"sequential"``), refreshes staggered over the streams
-        (``stagger``), optionally split over the ``axis`` of a
-        `jax.sharding.Mesh`."""
+        other (``"sequential"``; ``"auto"`` races the two on the calibration
+        frames), refreshes staggered over the streams (``stagger``),
+        optionally split over the ``axis`` of a `jax.sharding.Mesh`."""
         return Streams(self, n, stagger=stagger, mesh=mesh, axis=axis, schedule=schedule)
 
     def step(
@@ -482,6 +485,7 @@ def transform(
         tuning_frames=None if fractions is None else calibration,
         progress=progress,
     )
+    cached.calibration = calibration
     tuning = cached.tuning
     if fractions is None or tuning is None or tuning.plan == "nocache":
         return cached
@@ -512,6 +516,7 @@ def transform(
     winner = models[best]
     raced = tuple(times) if tuning.plan == "cached" else (float("nan"), *times)
     winner.tuning = dataclasses.replace(tuning, plan=plans[best], raced=raced)
+    winner.calibration = calibration
     return winner
 
 

@@ -25,7 +25,12 @@ Contract:
   resolution on a CPU: docs/performance-notes.md), and a still stream skips
   its whole network even while others move. Outputs and infos are stacked
   alike; the outputs of the two are equal (to float rounding). The
-  sequential schedule runs on one device (no ``mesh``).
+  sequential schedule runs on one device (no ``mesh``). ``"auto"`` (the
+  default) races the two (`dcjax.autotune.race`) on ``n`` streams made of
+  the frames the model was calibrated on (`CachedModel.calibration`, stream
+  ``i`` starting ``i * T // n`` frames in, wrapping) and keeps the faster
+  (`Streams.raced` holds the seconds a step of each); without calibration
+  frames, or with a ``mesh``, it pools.
 - ``init()`` makes ``n`` fresh states; with ``stagger`` (the default) stream
   ``i`` refreshes on its own phase (``refresh_phase = i * refresh_every //
   n``, `dcjax.state.init_state`), so that the streams' periodic full
@@ -62,7 +67,7 @@ if TYPE_CHECKING:
 __all__ = ["SCHEDULES", "Streams", "refresh_phases"]
 
 #: How `Streams` steps its streams (see the module docstring).
-SCHEDULES = ("pooled", "sequential")
+SCHEDULES = ("auto", "pooled", "sequential")
 
 
 def refresh_phases(n: int, refresh_every: int | None, *, stagger: bool = True) -> list[int]:
@@ -83,6 +88,11 @@ class Streams:
         mesh: a `jax.sharding.Mesh` to split the streams over, or None (one device).
         axis: the mesh axis the streams are split along.
         schedule: one of `SCHEDULES`.
+
+    Attributes:
+        schedule: the schedule that runs (``"auto"`` resolved).
+        raced: with ``"auto"``, the seconds a step of each schedule over the
+            calibration frames; None where no race ran.
     """
 
     def __init__(
@@ -93,7 +103,7 @@ class Streams:
         stagger: bool = True,
         mesh: Mesh | None = None,
         axis: str = "streams",
-        schedule: str = "pooled",
+        schedule: str = "auto",
     ) -> None:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"dcjax: n (streams) must be a positive int, got {n!r}")
@@ -125,6 +135,27 @@ class Streams:
         self._abstract = jax.eval_shape(cached.init)
         self._step_fns: dict[bool, Any] = {}
         self._run_fn = None
+        self.raced: dict[str, float] | None = None
+        if schedule == "auto":
+            self.schedule = "pooled"
+            if mesh is None and cached.calibration is not None:
+                self.schedule, self.raced = self._race(np.asarray(cached.calibration))
+
+    def _race(self, frames: np.ndarray) -> tuple[str, dict[str, float]]:
+        """The faster schedule over ``n`` streams of ``frames`` (see the module
+        docstring), and the seconds a step of each."""
+        from dcjax.autotune import race
+
+        t = len(frames)
+        clips = np.stack([np.roll(frames, -(i * t // self.n), axis=0) for i in range(self.n)], 1)
+        rivals = {}
+        for name in ("pooled", "sequential"):
+            rival = Streams(self.cached, self.n, stagger=self.stagger, schedule=name)
+            rival._step_fns = self._step_fns if name == "pooled" else {}
+            rivals[name] = rival
+        times = race(list(rivals.values()), clips)
+        raced = {name: float(x) for name, x in zip(rivals, times, strict=True)}
+        return min(raced, key=raced.get), raced
 
     # -- placement -------------------------------------------------------------
 

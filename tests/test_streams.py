@@ -129,6 +129,58 @@ def test_sequential_streams_equal_the_pooled_ones():
     assert len(states) == N
 
 
+@pytest.mark.parametrize(
+    ("times", "schedule"), [((2.0, 1.0), "sequential"), ((1.0, 2.0), "pooled")]
+)
+def test_auto_schedule_races_the_two_on_the_calibration_frames(monkeypatch, times, schedule):
+    from dcjax import autotune
+
+    module, variables = small_models.create("resnet", SIZE)
+    calibration = _clip()[:, 0]
+    cached = transform(
+        module, variables, frame_shape=(SIZE, SIZE, 3),
+        config=Config(kernel="xla", refresh_every=3), calibration=calibration,
+    )  # fmt: skip
+    assert cached.calibration is calibration
+    raced = []
+
+    def race(models, frames):
+        raced.append(([m.schedule for m in models], np.asarray(frames)))
+        return times
+
+    monkeypatch.setattr(autotune, "race", race)
+    streams = cached.streams(3)
+    [(names, frames)] = raced
+    assert names == ["pooled", "sequential"]
+    assert frames.shape == (T, 3, SIZE, SIZE, 3)  # stream i starts i * T // 3 frames in
+    for i in range(3):
+        np.testing.assert_array_equal(frames[:, i], np.roll(calibration, -(i * T // 3), axis=0))
+    assert streams.schedule == schedule
+    assert streams.raced == {"pooled": times[0], "sequential": times[1]}
+    states = streams.init()
+    assert isinstance(states, tuple) == (schedule == "sequential")
+    out, _, _ = streams.step(states, _clip()[0, :3])
+    assert out.shape[0] == 3
+    # without calibration frames, or on a mesh, it pools without a race
+    raced.clear()
+    assert _cached().streams(2).schedule == "pooled" and _cached().streams(2).raced is None
+    mesh = jax.make_mesh((1,), ("streams",))
+    assert cached.streams(2, mesh=mesh).schedule == "pooled"
+    assert not raced
+
+
+def test_auto_schedule_keeps_the_faster_of_a_real_race():
+    module, variables = small_models.create("resnet", SIZE)
+    cached = transform(
+        module, variables, frame_shape=(SIZE, SIZE, 3),
+        config=Config(kernel="xla", refresh_every=3), calibration=_clip()[:4, 0],
+    )  # fmt: skip
+    streams = cached.streams(2)
+    assert set(streams.raced) == {"pooled", "sequential"}
+    assert all(t > 0 for t in streams.raced.values())
+    assert streams.schedule == min(streams.raced, key=streams.raced.get)
+
+
 def test_a_sequential_still_stream_skips_its_network_while_others_move():
     cached = _cached(statistics=True)
     streams = cached.streams(2, stagger=False, schedule="sequential")

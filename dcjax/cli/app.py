@@ -270,7 +270,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) >= 2 and argv[0] == "bench" and argv[1] in PROGRAMS:
-        return _interruptible(lambda: _program(argv[1]).main(argv[2:]))
+        from dcjax import autotune
+
+        def program() -> int:  # its --no-progress silences the kernel tuning's bars too
+            with autotune.progress_bars("--no-progress" not in argv[2:]):
+                return _program(argv[1]).main(argv[2:])
+
+        return _interruptible(program)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command != "models":

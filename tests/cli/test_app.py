@@ -170,3 +170,20 @@ def test_bench_help_lists_the_programs(capsys):
     out = capsys.readouterr().out
     assert "dcjax bench PROGRAM" in out and "--models" in out
     assert all(f"  {name} " in out for name in PROGRAMS)
+
+
+@pytest.mark.parametrize(("flag", "shown"), [(["--no-progress"], False), ([], True)])
+def test_a_bench_programs_no_progress_silences_the_kernel_tuning_bars(monkeypatch, flag, shown):
+    from dcjax import autotune
+
+    seen = []
+
+    class Program:
+        @staticmethod
+        def main(argv):
+            seen.append((argv, autotune._PROGRESS.get()))
+            return 0
+
+    monkeypatch.setattr("dcjax.cli.app._program", lambda name: Program)
+    assert cli.main(["bench", "streams", *flag]) == 0
+    assert seen == [(flag, shown)]
