@@ -4,7 +4,10 @@ Contract: every video is decoded at one frame size (the model's, ``--size``,
 or with ``--native`` their common own size: videos of different sizes are an
 error naming them), and stepped together through `dcjax.streams.Streams` (the
 ``deepcache`` method's options, from ``--method``), beside dcjax's dense
-lowering of the same batch (``nocache``), interleaved frame by frame. A video
+lowering of the same batch (``nocache``), interleaved frame by frame. The
+model is tuned on the first video's first frames, and the streams' schedule
+(`dcjax.streams.SCHEDULES`) raced on them; the schedule is printed and
+recorded. A video
 that ends early is finished: from then on its stream gets its last frame
 again (a still frame, which contributes no tiles) and its outputs are not
 kept, and the other streams go on. Prints one summary row per stream (frames,
@@ -17,6 +20,7 @@ outputs (the model's first output leaf, one row a frame).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 from typing import Any
@@ -59,6 +63,7 @@ def streams_run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) 
 
     from dcjax.cli.subcommands import load_spec
     from dcjax.eval import methods
+    from dcjax.eval.harness import CALIBRATION_FRAMES
 
     common.check_model(sub, "--model", args.model)
     config = _method(sub, args.method)
@@ -79,8 +84,15 @@ def streams_run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) 
     h, w = spec.frame_shape[:2]
     print(f"{args.model} on {n} videos as streams of one batch at {h}x{w}: "
           f"{', '.join(str(k) for k in lengths)} frames", flush=True)  # fmt: skip
+    if spec.calibration is None:  # tune and race on the first video's first frames
+        spec = dataclasses.replace(spec, calibration=clips[0][:CALIBRATION_FRAMES])
     cached = methods.transform(spec, config)
     streams = cached.streams(n)
+    raced = streams.raced or {}
+    print(f"schedule: {streams.schedule}"
+          + ("" if not raced else " (raced: " + ", ".join(
+              f"{k} {1e3 * v:.1f} ms a step" for k, v in raced.items()) + ")"),
+          flush=True)  # fmt: skip
     apply, leaves = methods.fast_apply(spec)
     dense = jax.jit(jax.vmap(apply, in_axes=(None, 0)))
 
@@ -112,6 +124,7 @@ def streams_run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) 
                 outs[i].append(first[i])
                 refs[i].append(first_ref[i])
     records = _records(args, paths, lengths, outs, refs, infos, times, spec)
+    records[-1]["schedule"] = streams.schedule
     print(common.table(_rows(records)))
     summary = records[-1]
     print(f"batch: {summary['mean_ms']:.1f} ms a frame ({summary['throughput_fps']:.1f} "

@@ -46,6 +46,9 @@ def test_a_video_that_ends_early_finishes_and_the_others_go_on(tmp_path, short_c
     assert all(np.isfinite(r["max_abs_err"]) for r in streams)
     text = capsys.readouterr().out
     assert "2 videos as streams of one batch at 64x64" in text and "batch:" in text
+    # tuned on the first video's frames, the streams' schedule raced on them
+    assert batch["schedule"] in ("pooled", "sequential")
+    assert f"schedule: {batch['schedule']} (raced: pooled " in text
 
 
 @pytest.mark.parametrize(
