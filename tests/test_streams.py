@@ -181,6 +181,30 @@ def test_auto_schedule_keeps_the_faster_of_a_real_race():
     assert streams.schedule == min(streams.raced, key=streams.raced.get)
 
 
+def test_given_matches_go_to_each_stream_under_both_schedules():
+    from dcjax import Match
+
+    cached = _cached()
+    rng = np.random.default_rng(3)
+    clip = _clip()[:2, :3]
+    masks = rng.random((3, SIZE, SIZE)) < 0.7
+    matches = Match(motion=np.zeros((3, 2), np.int32), mask=masks)
+    results = {}
+    for schedule in ("pooled", "sequential"):
+        streams = cached.streams(3, stagger=False, schedule=schedule)
+        states = streams.init()
+        _, states, _ = streams.step(states, clip[0])
+        results[schedule], _, _ = streams.step(states, clip[1], matches)
+    for i in range(3):
+        state = cached.init()
+        _, state, _ = cached.step(state, clip[0, i])
+        want, _, _ = cached.step(
+            state, clip[1, i], Match(motion=np.zeros(2, np.int32), mask=masks[i])
+        )
+        for got in results.values():
+            _close(np.asarray(got)[i], want)
+
+
 def test_a_sequential_still_stream_skips_its_network_while_others_move():
     cached = _cached(statistics=True)
     streams = cached.streams(2, stagger=False, schedule="sequential")
