@@ -133,6 +133,7 @@ class CachedModel:
         self._analysis = analyze(self._traced.jaxpr, [None] * n + [frame_sig], [False] * n + [True])
         self.tuning: autotune.Tuning | None = None
         self.calibration: Any = None
+        self._streams_fns: dict[tuple, Any] = {}  # `Streams`' jitted steps
         kernels = None
         if (
             config.kernel == "auto"

@@ -133,8 +133,9 @@ class Streams:
                 )
         self.phases = refresh_phases(self.n, cached.config.refresh_every, stagger=self.stagger)
         self._abstract = jax.eval_shape(cached.init)
-        self._step_fns: dict[bool, Any] = {}
-        self._run_fn = None
+        # the jitted steps are the model's, shared by all its Streams on one mesh
+        # (they depend on neither n, the stagger nor a race): compiled once a shape
+        self._step_fns: dict[tuple, Any] = cached._streams_fns
         self.raced: dict[str, float] | None = None
         if schedule == "auto":
             self.schedule = "pooled"
@@ -148,11 +149,10 @@ class Streams:
 
         t = len(frames)
         clips = np.stack([np.roll(frames, -(i * t // self.n), axis=0) for i in range(self.n)], 1)
-        rivals = {}
-        for name in ("pooled", "sequential"):
-            rival = Streams(self.cached, self.n, stagger=self.stagger, schedule=name)
-            rival._step_fns = self._step_fns if name == "pooled" else {}
-            rivals[name] = rival
+        rivals = {
+            name: Streams(self.cached, self.n, stagger=self.stagger, schedule=name)
+            for name in ("pooled", "sequential")
+        }
         times = race(list(rivals.values()), clips)
         raced = {name: float(x) for name, x in zip(rivals, times, strict=True)}
         return min(raced, key=raced.get), raced
@@ -247,7 +247,8 @@ class Streams:
             results = [self.cached.run(frames[:, i], st) for i, st in enumerate(states)]
             outs, new, infos = zip(*results, strict=True)
             return _stacked(outs, 1), tuple(new), _stacked(infos, 1)
-        if self._run_fn is None:
+        run_key = ("run", self.mesh, self.axis)
+        if run_key not in self._step_fns:
             step = self._step_fn(False, jitted=False)
 
             def scan(leaves, states, frames):
@@ -258,13 +259,14 @@ class Streams:
                 states, (outs, infos) = jax.lax.scan(body, states, frames)
                 return outs, states, infos
 
-            self._run_fn = jax.jit(scan, donate_argnums=(1,))
-        return self._run_fn(self.cached._traced.leaves, states, self._place(frames, axis=1))
+            self._step_fns[run_key] = jax.jit(scan, donate_argnums=(1,))
+        run = self._step_fns[run_key]
+        return run(self.cached._traced.leaves, states, self._place(frames, axis=1))
 
     # -- the compiled step -----------------------------------------------------
 
     def _step_fn(self, with_matches: bool, *, jitted: bool = True):
-        key = (with_matches, jitted)
+        key = (with_matches, jitted, self.mesh, self.axis)
         if key in self._step_fns:
             return self._step_fns[key]
         step = self.cached._step

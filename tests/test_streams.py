@@ -389,3 +389,11 @@ def test_streams_over_two_processes_equal_one_process(tmp_path):
         assert first == 4 * i
         _close(got["outs"], outs[:, first : first + 4])
         np.testing.assert_array_equal(got["refreshed"], refreshed[:, first : first + 4])
+
+
+def test_streams_of_one_model_share_their_jitted_step():
+    cached = _cached()
+    a, b = cached.streams(2), cached.streams(4, stagger=False, schedule="pooled")
+    assert a._step_fn(False) is b._step_fn(False)  # compiled once a shape, not once a Streams
+    mesh = jax.make_mesh((1,), ("streams",))
+    assert cached.streams(2, mesh=mesh)._step_fn(False) is not a._step_fn(False)
