@@ -4,10 +4,9 @@
 
 For each number of streams N, the N streams are one video at different time
 offsets (stream i starts ``i * offset`` frames in), stepped together, and
-four methods run on the same frames in one process, interleaved frame by
-frame (in an order drawn afresh each frame, seeded: with a fixed rotation
-each method always ran right after the same one, and the one after the dense
-step measured slower than the same computation run later in the cycle):
+five methods run on the same frames in one process, interleaved frame by
+frame in an order drawn afresh each frame (seeded), so that no method always
+runs right after the same one (docs/performance-notes.md):
 
 - ``plain``: ``jax.jit(model.apply)`` on the batch of N frames;
 - ``dense``: dcjax's dense lowering (the ``nocache`` method) under
