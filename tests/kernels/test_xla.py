@@ -207,7 +207,11 @@ def test_bfloat16_inputs_keep_dtype() -> None:
     )
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the per-group split is CPU's path")
+@pytest.mark.skipif(
+    jax.default_backend() != "cpu",
+    reason="inspects the CPU program: only XLA:CPU convolves grouped layers group by group "
+    "(kernels.lowering.group_weights); other backends take the weights whole",
+)
 def test_grouped_weights_are_sliced_once_a_frame_with_no_placeholder() -> None:
     """A grouped layer's per-group weight slices are made in a loop around the sparse
     loop, so no zero-filled placeholder of their shape is built (and copied) on every
