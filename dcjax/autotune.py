@@ -184,16 +184,8 @@ def _matcher_cost(matcher: StreamMatcher, frame_shape, dtype, repeats: int) -> f
     base = rng.integers(0, 256, (h + 8, w + 8, c)).astype(np.float32)
     if not jnp.issubdtype(dtype, jnp.integer):
         base = base / 255.0
-    prev = jnp.asarray(base[4 : 4 + h, 4 : 4 + w], dtype)
-    cur = jnp.asarray(base[2 : 2 + h, 5 : 5 + w], dtype)
-    fn = jax.jit(lambda a, b: matcher.match_frames(a, b).mask)
-    fn(prev, cur).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn(prev, cur).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    pair = np.stack([base[4 : 4 + h, 4 : 4 + w], base[2 : 2 + h, 5 : 5 + w]])
+    return _matcher_cost_on(matcher, jnp.asarray(pair, dtype), repeats)
 
 
 def tune_model(

@@ -152,13 +152,12 @@ def run(
     import jax.numpy as jnp
 
     from dcjax.eval import methods
-    from dcjax.eval.harness import CALIBRATION_FRAMES
+    from dcjax.eval.harness import calibrated
 
     if config is None:
         config = methods.deepcache_config({})
     config = dataclasses.replace(config, statistics=False)
-    if spec.calibration is None:  # the measured tuning calibrates on the clip's first frames
-        spec = dataclasses.replace(spec, calibration=frames[:CALIBRATION_FRAMES])
+    spec = calibrated(spec, frames)
     runners, plan = _methods(spec, config)
     clips_max = stream_clips(frames, max(streams), length, offset)
     stats = _statistics(spec, config, clips_max)

@@ -20,7 +20,6 @@ outputs (the model's first output leaf, one row a frame).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import time
 from typing import Any
@@ -63,7 +62,7 @@ def streams_run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) 
 
     from dcjax.cli.subcommands import load_spec
     from dcjax.eval import methods
-    from dcjax.eval.harness import CALIBRATION_FRAMES
+    from dcjax.eval.harness import calibrated
 
     common.check_model(sub, "--model", args.model)
     config = _method(sub, args.method)
@@ -84,8 +83,7 @@ def streams_run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) 
     h, w = spec.frame_shape[:2]
     print(f"{args.model} on {n} videos as streams of one batch at {h}x{w}: "
           f"{', '.join(str(k) for k in lengths)} frames", flush=True)  # fmt: skip
-    if spec.calibration is None:  # tune and race on the first video's first frames
-        spec = dataclasses.replace(spec, calibration=clips[0][:CALIBRATION_FRAMES])
+    spec = calibrated(spec, clips[0])  # tune and race on the first video's first frames
     cached = methods.transform(spec, config)
     streams = cached.streams(n)
     raced = streams.raced or {}

@@ -56,6 +56,7 @@ from dcjax.eval.registry import ModelSpec, Runner, make_runner, parse_method
 
 __all__ = [
     "CALIBRATION_FRAMES",
+    "calibrated",
     "BASELINES",
     "Evaluation",
     "evaluate",
@@ -73,6 +74,15 @@ BASELINES = ("nocache", "plain")
 #: The first frames of a clip that a method's measured tuning calibrates on
 #: (`ModelSpec.calibration`), where the spec brings none.
 CALIBRATION_FRAMES = 16
+
+
+def calibrated(spec: ModelSpec, frames: Any) -> ModelSpec:
+    """``spec``, calibrated on the first `CALIBRATION_FRAMES` of ``frames`` (the
+    stream's first frames, which the measured tuning calibrates on) where it
+    brings no calibration of its own and there are at least two frames."""
+    if spec.calibration is not None or len(frames) < 2:
+        return spec
+    return dataclasses.replace(spec, calibration=np.asarray(frames[:CALIBRATION_FRAMES]))
 
 
 def load_frames(
@@ -341,9 +351,7 @@ def evaluate(
         raise ValueError(
             f"dcjax: frames have shape {frames.shape[1:]} but the model takes {spec.frame_shape}"
         )
-    if spec.calibration is None and len(frames) >= 2:
-        # the measured tuning calibrates on the stream's first frames
-        spec = dataclasses.replace(spec, calibration=frames[:CALIBRATION_FRAMES])
+    spec = calibrated(spec, frames)
     parsed: list[tuple[str, str, dict]] = []
     for m in methods:
         if isinstance(m, str):

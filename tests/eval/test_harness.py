@@ -157,3 +157,12 @@ def test_load_frames_keeps_what_decoded_before_a_break(tmp_path):
     # a break before the first frame asked for leaves nothing to go on with
     with pytest.raises(video.TruncatedVideoError):
         harness.load_frames(str(cut), (32, 48, 3), frames=5, start=len(kept), on_truncated=print)
+
+
+def test_calibrated_takes_the_streams_first_frames_unless_the_spec_has_its_own():
+    spec = harness.model_spec("dave", width=0.25, input_size=(64, 64))
+    frames = np.arange(20 * 4).reshape(20, 1, 2, 2).astype(np.uint8)
+    got = harness.calibrated(spec, frames)
+    np.testing.assert_array_equal(got.calibration, frames[: harness.CALIBRATION_FRAMES])
+    assert harness.calibrated(got, frames[5:]) is got  # its own calibration stays
+    assert harness.calibrated(spec, frames[:1]) is spec  # one frame shows no change
