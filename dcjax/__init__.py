@@ -12,8 +12,9 @@ What users call:
   pooled layer by layer, optionally split over devices and processes;
 - `exit_point`: mark a semantic exit point in a plain JAX function;
 - `adaptive` / `Adaptive`: several measured plans of one model, switched at
-  run time by the stream's dirty fraction; `calibrate`: the dirty fractions a
-  few frames show, per layer.
+  run time by the stream's dirty fraction (`AdaptiveStreams`,
+  ``adaptive.streams(n)``: many streams of them); `calibrate`: the dirty
+  fractions a few frames show, per layer.
 
 Subpackages: `dcjax.matching` (block matchers), `dcjax.transforms` (the jaxpr
 passes), `dcjax.kernels` (masked sparse convolution), `dcjax.models` (Flax
@@ -29,11 +30,12 @@ from dcjax.deepcache import CachedModel, calibrate, transform  # noqa: E402
 from dcjax.matching import Match  # noqa: E402
 from dcjax.state import CacheState  # noqa: E402
 from dcjax.streams import Streams  # noqa: E402
-from dcjax.switching import Adaptive, adaptive  # noqa: E402
+from dcjax.switching import Adaptive, AdaptiveStreams, adaptive  # noqa: E402
 from dcjax.transforms.exits import exit_point  # noqa: E402
 
 __all__ = [
     "Adaptive",
+    "AdaptiveStreams",
     "CacheState",
     "CachedModel",
     "Config",

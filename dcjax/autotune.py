@@ -159,11 +159,23 @@ def matcher_of(config: Config) -> StreamMatcher:
     )  # fmt: skip
 
 
+_MATCH_FNS: dict[str, Any] = {}
+
+
+def _match_fn(matcher: StreamMatcher) -> Any:
+    """The jitted match of two frames by ``matcher`` (one per matcher, so that a
+    match compiled beside the kernels' candidates is not compiled again)."""
+    key = repr(matcher)
+    if key not in _MATCH_FNS:
+        _MATCH_FNS[key] = jax.jit(lambda a, b: matcher.match_frames(a, b).mask)
+    return _MATCH_FNS[key]
+
+
 def _matcher_cost_on(matcher: StreamMatcher, frames: Any, repeats: int) -> float:
     """Mean seconds a match of consecutive ``frames`` (T >= 2), each pair's the
     least of ``repeats`` calls after one warm-up call."""
     frames = jnp.asarray(frames)
-    fn = jax.jit(lambda a, b: matcher.match_frames(a, b).mask)
+    fn = _match_fn(matcher)
     fn(frames[0], frames[1]).block_until_ready()
     costs = []
     for a, b in zip(frames[:-1], frames[1:]):
@@ -176,16 +188,48 @@ def _matcher_cost_on(matcher: StreamMatcher, frames: Any, repeats: int) -> float
     return float(np.mean(costs))
 
 
-def _matcher_cost(matcher: StreamMatcher, frame_shape, dtype, repeats: int) -> float:
-    """Seconds a match of two frames of ``frame_shape``, the second the first moved
-    by a few pixels (the least of ``repeats`` calls after a warm-up)."""
+def _moved_pair(frame_shape, dtype) -> jax.Array:
+    """Two frames of ``frame_shape``, the second the first moved by a few pixels."""
     rng = np.random.default_rng(0)
     h, w, c = frame_shape
     base = rng.integers(0, 256, (h + 8, w + 8, c)).astype(np.float32)
     if not jnp.issubdtype(dtype, jnp.integer):
         base = base / 255.0
     pair = np.stack([base[4 : 4 + h, 4 : 4 + w], base[2 : 2 + h, 5 : 5 + w]])
-    return _matcher_cost_on(matcher, jnp.asarray(pair, dtype), repeats)
+    return jnp.asarray(pair, dtype)
+
+
+def _matcher_cost(matcher: StreamMatcher, frame_shape, dtype, repeats: int) -> float:
+    """Seconds a match of `_moved_pair` (the least of ``repeats`` calls after a
+    warm-up)."""
+    return _matcher_cost_on(matcher, _moved_pair(frame_shape, dtype), repeats)
+
+
+def _matcher_key(matcher: StreamMatcher, frame_shape, frame_dtype) -> str:
+    return f"matcher {matcher!r} {tuple(frame_shape)} {jnp.dtype(frame_dtype).name}"
+
+
+def _matchers(config: Config) -> list[StreamMatcher]:
+    """The plan's matcher and the still test's (the dense plan's)."""
+    return [matcher_of(cfg) for cfg in (config, dense_config(config))]
+
+
+def _matcher_warmups(
+    config: Config, frame_shape, frame_dtype, cache: kt.TuningCache, frames=None
+) -> list[Any]:
+    """Calls that compile the matches `_overhead` will time (each runs one
+    match), to run beside the kernels' compiles."""
+    machine = kt.machine_key()
+    jobs = []
+    for m in _matchers(config):
+        if frames is not None:
+            pair = jnp.asarray(frames)[:2]
+        elif cache.get(machine, _matcher_key(m, frame_shape, frame_dtype), "match") is None:
+            pair = _moved_pair(frame_shape, frame_dtype)
+        else:
+            continue
+        jobs.append(lambda m=m, pair=pair: _match_fn(m)(pair[0], pair[1]).block_until_ready())
+    return jobs
 
 
 def tune_model(
@@ -241,6 +285,7 @@ def tune_model(
         refresh_every=config.refresh_every,
         repeats=repeats,
         progress=_bar if progress and _PROGRESS.get() else None,
+        precompile=_matcher_warmups(config, frame_shape, frame_dtype, cache, frames),
     )
     layers: list[kt.LayerTuning | None] = [None] * len(plans)
     for i, r in zip(tuned, results, strict=True):
@@ -264,7 +309,7 @@ def _overhead(
     """The block matcher's cost over the still test's: on ``frames`` where given
     (up to `MATCH_PAIRS` pairs of them), else on a synthetic moved pair,
     measured once per machine and setting (kept in ``cache``)."""
-    matchers = [matcher_of(cfg) for cfg in (config, dense_config(config))]
+    matchers = _matchers(config)
     if frames is not None:
         frames = jnp.asarray(frames)[: MATCH_PAIRS + 1]
         costs = [_matcher_cost_on(m, frames, max(1, repeats // 2)) for m in matchers]
@@ -272,7 +317,7 @@ def _overhead(
     machine = kt.machine_key()
     costs = []
     for matcher in matchers:
-        key = f"matcher {matcher!r} {tuple(frame_shape)} {jnp.dtype(frame_dtype).name}"
+        key = _matcher_key(matcher, frame_shape, frame_dtype)
         got = cache.get(machine, key, "match")
         if got is None:
             got = (_matcher_cost(matcher, frame_shape, frame_dtype, repeats),)

@@ -64,7 +64,7 @@ from dcjax.matching import Match
 if TYPE_CHECKING:
     from dcjax.deepcache import CachedModel
 
-__all__ = ["SCHEDULES", "Streams", "refresh_phases"]
+__all__ = ["SCHEDULES", "Streams", "refresh_phases", "stacked"]
 
 #: How `Streams` steps its streams (see the module docstring).
 SCHEDULES = ("auto", "pooled", "sequential")
@@ -223,7 +223,7 @@ class Streams:
         leading axis of ``n`` (see the module docstring). ``states`` is consumed
         (donated); keep using the returned one. ``frames``: ``(n, H, W, C)``, or
         a sequence of ``n`` frames (across processes: this process's streams)."""
-        frames = self._check_frames(frames, "frames", lead=())
+        frames = self.checked_frames(frames)
         self._check_states(states)
         matches = self._check_matches(matches, lead=())
         if self.schedule == "sequential":
@@ -232,7 +232,7 @@ class Streams:
                 for i, st in enumerate(states)
             ]
             outs, new, infos = zip(*results, strict=True)
-            return _stacked(outs, 0), tuple(new), _stacked(infos, 0)
+            return stacked(outs, 0), tuple(new), stacked(infos, 0)
         fn = self._step_fn(matches is not None)
         return fn(self.cached._traced.leaves, states, self._place(frames), self._place(matches))
 
@@ -246,7 +246,7 @@ class Streams:
         if self.schedule == "sequential":
             results = [self.cached.run(frames[:, i], st) for i, st in enumerate(states)]
             outs, new, infos = zip(*results, strict=True)
-            return _stacked(outs, 1), tuple(new), _stacked(infos, 1)
+            return stacked(outs, 1), tuple(new), stacked(infos, 1)
         run_key = ("run", self.mesh, self.axis)
         if run_key not in self._step_fns:
             step = self._step_fn(False, jitted=False)
@@ -290,6 +290,11 @@ class Streams:
         return fn
 
     # -- checks ----------------------------------------------------------------
+
+    def checked_frames(self, frames: Any) -> jax.Array:
+        """One frame of every stream, ``(n, H, W, C)`` or a sequence of ``n``
+        frames, as one array; a ValueError or TypeError for anything else."""
+        return self._check_frames(frames, "frames", lead=())
 
     def _check_frames(self, frames: Any, name: str, lead: tuple) -> jax.Array:
         count = self.local_count
@@ -374,6 +379,7 @@ def _index(tree: Any, i: int) -> Any:
     return jax.tree_util.tree_map(lambda a: a[i], tree)
 
 
-def _stacked(trees: Sequence[Any], axis: int) -> Any:
-    """Per-stream pytrees stacked along ``axis``."""
+def stacked(trees: Sequence[Any], axis: int) -> Any:
+    """Per-stream pytrees (outputs, states or infos of one structure) stacked
+    along ``axis``."""
     return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=axis), *trees)

@@ -17,8 +17,14 @@ at the midpoints between levels, and a switch needs the average past the
 border by ``margin`` for ``patience`` frames in a row (hysteresis). The new
 plan starts from a fresh state, so the frame after a switch is recomputed in
 full. Every switch is reported (`Adaptive.switches`, and ``info["plan"]``).
+The plans are precompiled: the first `Adaptive.step` also runs every other
+plan once on its frame, from a fresh state whose result is dropped, so that a
+switch later costs no compilation.
 
-Streams (`dcjax.streams.Streams`) are not switched: a batch runs one plan.
+`Adaptive.streams(n, schedule=...)` switches ``n`` streams (`AdaptiveStreams`):
+pooled, the batch runs one plan, chosen by the input's dirty fraction averaged
+over the streams; sequential, each stream has a controller and a plan of its
+own (`dcjax.streams.SCHEDULES`; ``"auto"`` races the two on the start plan).
 """
 
 from __future__ import annotations
@@ -27,14 +33,16 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from dcjax.config import Config
 from dcjax.deepcache import CachedModel, calibrate
 from dcjax.kernels.tuning import FRACTIONS
+from dcjax.streams import stacked
 
-__all__ = ["LEVELS", "Adaptive", "AdaptiveState", "Switch", "adaptive"]
+__all__ = ["LEVELS", "Adaptive", "AdaptiveState", "AdaptiveStreams", "Switch", "adaptive"]
 
 #: Default levels of the input's dirty fraction: the tuning's own grid.
 LEVELS: tuple[float, ...] = tuple(f for f in FRACTIONS if f > 0)
@@ -44,12 +52,14 @@ LEVELS: tuple[float, ...] = tuple(f for f in FRACTIONS if f > 0)
 class Switch:
     """A change of plan: before ``frame`` (its index in the stream), from plan
     ``old`` to ``new`` (indices in `Adaptive.models`), the average dirty
-    fraction being ``level``."""
+    fraction being ``level``; ``stream``: the stream that switched (sequential
+    `AdaptiveStreams`), None for a single stream or a whole pooled batch."""
 
     frame: int
     old: int
     new: int
     level: float
+    stream: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -100,6 +110,7 @@ class Adaptive:
         self.smoothing, self.margin, self.patience = smoothing, margin, patience
         self.start = len(models) // 2 if start is None else start
         self.switches: list[Switch] = []
+        self._compiled = False
 
     def init(self) -> AdaptiveState:
         """A fresh stream, on the middle plan (or ``start``)."""
@@ -118,38 +129,204 @@ class Adaptive:
         hi = self.borders[current] if current < len(self.borders) else np.inf
         return current if lo - self.margin <= level <= hi + self.margin else target
 
-    def step(self, state: AdaptiveState, frame: Any) -> tuple[Any, AdaptiveState, dict]:
-        """One frame with the running plan: ``(output, state, info)``; ``info`` is
-        the plan's with ``plan`` (its index) and ``level`` (the average) added."""
-        model = self.models[state.plan]
-        out, inner, info = model.step(state.state, frame)
-        average, pending, streak = state.average, state.pending, state.streak
-        plan = state.plan
-        if not bool(info["refreshed"]) and not bool(info["skipped"]):
-            dirty = 1.0 - float(info["input_reuse"])
-            average = dirty if average is None else average + self.smoothing * (dirty - average)
-            target = self.band(average, plan)
-            if target == plan:
-                pending, streak = None, 0
-            else:
-                streak = streak + 1 if target == pending else 1
-                pending = target
-                if streak >= self.patience:
-                    self.switches.append(
-                        Switch(frame=state.frame + 1, old=plan, new=target, level=average)
-                    )
-                    plan, pending, streak = target, None, 0
-                    inner = self.models[plan].init()
-        info = {
-            **info,
-            "plan": state.plan,
-            "level": np.float32(np.nan if average is None else average),
-        }
+    def control(
+        self, state: AdaptiveState, dirty: float | None
+    ) -> tuple[int, float | None, int | None, int]:
+        """The controller after a frame: ``(plan, average, pending, streak)``.
+        ``dirty``: the frame's input dirty fraction, None for a refresh or a
+        still frame (which say nothing about the plans)."""
+        plan, average, pending, streak = state.plan, state.average, state.pending, state.streak
+        if dirty is None:
+            return plan, average, pending, streak
+        average = dirty if average is None else average + self.smoothing * (dirty - average)
+        target = self.band(average, plan)
+        if target == plan:
+            return plan, average, None, 0
+        streak = streak + 1 if target == pending else 1
+        if streak >= self.patience:
+            return target, average, None, 0
+        return plan, average, target, streak
+
+    def advance(
+        self, state: AdaptiveState, inner: Any, dirty: float | None, fresh: Any,
+        stream: int | None = None,
+    ) -> tuple[AdaptiveState, Switch | None]:  # fmt: skip
+        """The state after a frame that left the plan's state ``inner`` and
+        showed ``dirty`` (see `control`), and the switch it made, if any (then
+        the new plan starts from ``fresh(plan)``)."""
+        plan, average, pending, streak = self.control(state, dirty)
+        switch = None
+        if plan != state.plan:
+            switch = Switch(frame=state.frame + 1, old=state.plan, new=plan, level=average,
+                            stream=stream)  # fmt: skip
+            inner = fresh(plan)
         new = AdaptiveState(
             plan=plan, state=inner, average=average, pending=pending, streak=streak,
             frame=state.frame + 1,
         )  # fmt: skip
-        return out, new, info
+        return new, switch
+
+    def step(self, state: AdaptiveState, frame: Any) -> tuple[Any, AdaptiveState, dict]:
+        """One frame with the running plan: ``(output, state, info)``; ``info`` is
+        the plan's with ``plan`` (its index) and ``level`` (the average) added."""
+        if not isinstance(state, AdaptiveState):
+            raise TypeError("dcjax: state must be the AdaptiveState that init() or step() made")
+        out, inner, info = self.models[state.plan].step(state.state, frame)
+        if not self._compiled:
+            self._compiled = True
+            for i, m in enumerate(self.models):
+                if i != state.plan:
+                    jax.block_until_ready(m.step(m.init(), frame)[0])
+        new, switch = self.advance(state, inner, input_dirt(info), lambda p: self.models[p].init())
+        if switch is not None:
+            self.switches.append(switch)
+        return out, new, _with_plan(info, state.plan, new.average)
+
+    def streams(self, n: int, *, stagger: bool = True, schedule: str = "auto") -> AdaptiveStreams:
+        """``n`` streams of these plans (`AdaptiveStreams`)."""
+        return AdaptiveStreams(self, n, stagger=stagger, schedule=schedule)
+
+
+def input_dirt(info: dict) -> float | None:
+    """The input's dirty fraction of one stream's frame from its ``info``; None
+    for a refresh or a still frame."""
+    if bool(info["refreshed"]) or bool(info["skipped"]):
+        return None
+    return 1.0 - float(info["input_reuse"])
+
+
+def _with_plan(info: dict, plan: Any, average: Any) -> dict:
+    level = np.float32(np.nan if average is None else average)
+    return {**info, "plan": plan, "level": level}
+
+
+class AdaptiveStreams:
+    """``n`` streams of an `Adaptive` model's plans, switched by their dirty
+    fractions.
+
+    ``schedule`` (`dcjax.streams.SCHEDULES`) says how the streams share the
+    machine, as for `dcjax.streams.Streams`:
+
+    - ``"pooled"``: the batch runs one plan, whose step pools every stream's
+      dirty tiles. One controller follows the input's dirty fraction averaged
+      over the streams whose network ran without a refresh; a switch starts
+      every stream afresh on the new plan (their refreshes staggered again),
+      reported as a `Switch` with ``stream=None``.
+    - ``"sequential"``: every stream has its own controller and plan, as
+      `Adaptive.step` for one stream, and steps alone; a switch starts that
+      stream afresh (on its own refresh phase) and names it.
+    - ``"auto"``: the two are raced on the start plan's model (see
+      `dcjax.streams.Streams`), and the winner serves every plan.
+
+    ``step(states, frames)`` returns ``(outputs, states, infos)`` with a leading
+    axis of ``n``; ``infos`` carries each stream's ``plan`` and ``level``.
+    Every switch is appended to `switches`. The first step precompiles every
+    plan's step, as `Adaptive.step` does.
+
+    Attributes:
+        schedule: the schedule that runs (``"auto"`` resolved).
+        raced: with ``"auto"``, the seconds a step of each schedule; else None.
+        switches: every switch made so far, in order.
+    """
+
+    def __init__(
+        self, adaptive: Adaptive, n: int, *, stagger: bool = True, schedule: str = "auto"
+    ) -> None:
+        first = adaptive.models[adaptive.start].streams(n, stagger=stagger, schedule=schedule)
+        self.adaptive, self.n, self.stagger = adaptive, first.n, stagger
+        self.schedule, self.raced = first.schedule, first.raced
+        self._streams = {adaptive.start: first}
+        self.switches: list[Switch] = []
+        self._compiled = False
+
+    def plan_streams(self, plan: int) -> Any:
+        """The `dcjax.streams.Streams` of plan ``plan`` (built on first use)."""
+        if plan not in self._streams:
+            self._streams[plan] = self.adaptive.models[plan].streams(
+                self.n, stagger=self.stagger, schedule=self.schedule
+            )
+        return self._streams[plan]
+
+    def _precompile(self, ran: int, fresh: Any, frames: Any) -> None:
+        """On the first step, every plan but ``ran`` steps ``frames`` once from
+        ``fresh(plan)``, its result dropped: a switch later compiles nothing."""
+        if self._compiled:
+            return
+        self._compiled = True
+        for p in range(len(self.adaptive.models)):
+            if p == ran:
+                continue
+            if self.schedule == "sequential":
+                step = self.adaptive.models[p].step
+            else:
+                step = self.plan_streams(p).step
+            jax.block_until_ready(step(fresh(p), frames)[0])
+
+    def init(self) -> AdaptiveState | tuple[AdaptiveState, ...]:
+        """Fresh streams on the start plan: one `AdaptiveState` holding the
+        stacked states (pooled), or a tuple of ``n`` (sequential)."""
+        plan = self.adaptive.start
+        states = self.plan_streams(plan).init()
+
+        def fresh(inner):
+            return AdaptiveState(plan=plan, state=inner, average=None, pending=None, streak=0,
+                                 frame=0)  # fmt: skip
+
+        if self.schedule == "sequential":
+            return tuple(fresh(st) for st in states)
+        return fresh(states)
+
+    def step(self, states: Any, frames: Any) -> tuple[Any, Any, dict]:
+        """One frame of every stream (see the class docstring). ``states`` is
+        consumed; keep using the returned one. ``frames``: ``(n, H, W, C)`` or a
+        sequence of ``n`` frames."""
+        a = self.adaptive
+        if self.schedule != "sequential":
+            if not isinstance(states, AdaptiveState):
+                raise TypeError(
+                    "dcjax: states must be the AdaptiveState this AdaptiveStreams' init() or "
+                    "step() made (pooled schedule)"
+                )
+            streams = self.plan_streams(states.plan)
+            outs, inner, infos = streams.step(states.state, frames)
+            self._precompile(states.plan, lambda p: self.plan_streams(p).init(), frames)
+            ran = ~(np.asarray(infos["refreshed"]) | np.asarray(infos["skipped"]))
+            dirt = 1.0 - np.asarray(infos["input_reuse"], np.float64)[ran]
+            new, switch = a.advance(
+                states, inner, float(dirt.mean()) if ran.any() else None,
+                lambda p: self.plan_streams(p).init(),
+            )  # fmt: skip
+            if switch is not None:
+                self.switches.append(switch)
+            plans = np.full(self.n, states.plan, np.int32)
+            levels = np.full(self.n, np.nan if new.average is None else new.average, np.float32)
+            return outs, new, {**infos, "plan": plans, "level": levels}
+        if (
+            not isinstance(states, tuple)
+            or len(states) != self.n
+            or not all(isinstance(st, AdaptiveState) for st in states)
+        ):
+            raise TypeError(
+                f"dcjax: states must be the tuple of {self.n} AdaptiveStates this "
+                "AdaptiveStreams' init() or step() made (sequential schedule)"
+            )
+        frames = self.plan_streams(a.start).checked_frames(frames)
+        outs, news, infos = [], [], []
+        for i, st in enumerate(states):
+            out, inner, info = a.models[st.plan].step(st.state, frames[i])
+            new, switch = a.advance(
+                st, inner, input_dirt(info),
+                lambda p, i=i: a.models[p].init(refresh_phase=self.plan_streams(p).phases[i]),
+                stream=i,
+            )  # fmt: skip
+            if switch is not None:
+                self.switches.append(switch)
+            if i == 0:
+                self._precompile(st.plan, lambda p: a.models[p].init(), frames[0])
+            outs.append(out)
+            news.append(new)
+            infos.append(_with_plan(info, np.int32(st.plan), new.average))
+        return stacked(outs, 0), tuple(news), stacked(infos, 0)
 
 
 def adaptive(
@@ -198,6 +375,7 @@ def adaptive(
         if key in seen:
             continue
         seen[key] = len(models)
+        cached.calibration = calibration  # what the streams' schedules race on
         models.append(cached)
         kept.append(level)
     return Adaptive(models, kept, **controller)

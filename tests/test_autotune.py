@@ -149,6 +149,7 @@ def test_with_calibration_frames_the_matchers_are_timed_on_them(model, fake, mon
         return {"diamond": 2e-4, "static": 1e-5}[m.name]
 
     monkeypatch.setattr(autotune, "_matcher_cost_on", on_frames)
+    monkeypatch.setattr(autotune, "_matcher_warmups", lambda *a: [])
     monkeypatch.setattr(autotune, "race", lambda models, frames: [1.0] * len(models))
     net, variables = model
     cfg = dcjax.Config(tuning="measure", refresh_every=None)
@@ -177,6 +178,30 @@ def test_matchers_cost_on_frames_is_a_mean_over_their_pairs(monkeypatch):
     cost = autotune._matcher_cost_on(Matcher(), frames, repeats=2)
     assert 0 < cost < 1.0
     assert calls == [1]  # traced once, then the compiled matcher runs 3 pairs x 2 repeats
+
+
+def test_the_matchers_compile_beside_the_kernels_and_are_not_compiled_again(tmp_path):
+    """`_matcher_warmups` compiles both matches (the plan's and the still
+    test's) on the calibration frames, or on the moved pair where the file has
+    no cost for it yet; `_overhead` then times the same compiled matches."""
+    cfg = dcjax.Config(tuning="measure")
+    cache = kt.TuningCache(tmp_path / "t.json")
+    frames = np.zeros((3, *SHAPE), np.uint8)
+    for m in autotune._matchers(cfg):
+        autotune._MATCH_FNS.pop(repr(m), None)
+    jobs = autotune._matcher_warmups(cfg, SHAPE, jnp.uint8, cache, frames)
+    assert len(jobs) == 2
+    for job in jobs:
+        job()
+    fns = [autotune._match_fn(m) for m in autotune._matchers(cfg)]
+    sizes = [f._cache_size() for f in fns]
+    assert sizes == [1, 1]
+    autotune._overhead(cfg, SHAPE, jnp.uint8, cache, 1, frames)
+    assert [f._cache_size() for f in fns] == sizes  # nothing compiled again
+    synthetic = autotune._matcher_warmups(cfg, SHAPE, jnp.uint8, cache)
+    assert len(synthetic) == 2
+    autotune._overhead(cfg, SHAPE, jnp.uint8, cache, 1)  # measured, kept in the file
+    assert autotune._matcher_warmups(cfg, SHAPE, jnp.uint8, cache) == []
 
 
 def test_real_measurements_are_made_once_and_kept(model, monkeypatch, tmp_path):

@@ -16,13 +16,14 @@ class _Plan:
     """A stand-in plan: its step reports the input dirty fraction it is fed."""
 
     def __init__(self, name):
-        self.name, self.inits = name, 0
+        self.name, self.inits, self.steps = name, 0, 0
 
     def init(self):
         self.inits += 1
         return 0
 
     def step(self, state, frame):
+        self.steps += 1
         dirty, refreshed, skipped = frame
         info = {"input_reuse": 1.0 - dirty, "refreshed": refreshed, "skipped": skipped}
         return self.name, state + 1, info
@@ -46,7 +47,10 @@ def test_a_sustained_change_switches_after_patience_frames_and_starts_afresh():
     # the average is the last frame (smoothing 1): three quiet frames, then the switch
     assert ran == [1, 1, 1, 1, 1, 0, 0]
     assert a.switches == [Switch(frame=5, old=1, new=0, level=pytest.approx(0.05))]
-    assert plans[0].inits == 1 and state.plan == 0  # the new plan from a fresh state
+    # every plan stepped once on the first frame (precompiled: a switch compiles
+    # nothing), then the new plan from a fresh state: two frames since
+    assert [p.steps for p in plans] == [1 + 2, 5, 1]
+    assert plans[0].inits == 2 and state.plan == 0 and state.state == 2
 
 
 def test_spikes_refreshes_still_frames_and_the_margin_do_not_switch():
@@ -150,3 +154,121 @@ def test_adaptive_needs_the_measured_auto_kernel():
             net, variables, frame_shape=SHAPE, config=dcjax.Config(tuning="measure"),
             levels=(0.5, 0.2),
         )  # fmt: skip
+
+
+def _measured_plans(monkeypatch, tmp_path, **controller):
+    """Three measured plans of `Net` (tile kernel, row kernel, dense) by level."""
+    costs = {
+        "dense": lambda f: 1e-3,
+        "xla": lambda f: 2e-3 * f + 1e-5,
+        "rows": lambda f: 0.4e-3 + 0.8e-3 * f,
+    }
+    fake_measurements(monkeypatch, tmp_path / "tuning.json", costs)
+    net = Net()
+    variables = net.init(jax.random.key(0), jnp.zeros((1, *SHAPE)))
+    cfg = dcjax.Config(tuning="measure", refresh_every=None, min_match=0.0)
+    a = dcjax.adaptive(
+        net, variables, frame_shape=SHAPE, config=cfg, levels=(0.125, 0.5, 1.0),
+        smoothing=1.0, patience=2, start=0, progress=False, **controller,
+    )  # fmt: skip
+    assert [m.tuning.choices[0].impl for m in a.models] == ["xla", "rows", "dense"]
+    return net, variables, a
+
+
+def _two_streams(t_busy=4, frames=10):
+    """Stream 0 turns wholly new on every frame from ``t_busy`` on; stream 1
+    changes a corner on odd frames throughout."""
+    rng = np.random.default_rng(1)
+    base = [rng.integers(0, 256, SHAPE).astype(np.uint8) for _ in range(2)]
+    out = []
+    for t in range(frames):
+        pair = [b.copy() for b in base]
+        if t >= t_busy:
+            pair[0] = rng.integers(0, 256, SHAPE).astype(np.uint8)
+        if t % 2:
+            pair[1][:4, :4] = 255 - pair[1][:4, :4]
+        out.append(np.stack(pair))
+    return out
+
+
+@pytest.mark.parametrize("schedule", ["pooled", "sequential"])
+def test_switched_streams_follow_their_dirty_fractions_and_stay_exact(
+    monkeypatch, tmp_path, schedule
+):
+    """Sequential: only the stream that turned busy switches (to the dense plan),
+    the quiet one keeps the tile kernel. Pooled: the batch switches on the
+    average of the two (about 0.5: the row kernel's plan). Every output equals
+    the model's."""
+    net, variables, a = _measured_plans(monkeypatch, tmp_path)
+    streams = a.streams(2, schedule=schedule)
+    assert streams.schedule == schedule and streams.raced is None
+    states, ran = streams.init(), []
+    for frames in _two_streams():
+        outs, states, infos = streams.step(states, frames)
+        assert np.shape(infos["plan"]) == (2,) and np.shape(infos["level"]) == (2,)
+        ran.append(tuple(int(p) for p in infos["plan"]))
+        want = net.apply(variables, jnp.asarray(frames, jnp.float32) / 255.0)
+        np.testing.assert_allclose(np.asarray(outs)[:, 0], want, rtol=2e-4, atol=2e-5)
+    assert ran[:5] == [(0, 0)] * 5
+    if schedule == "sequential":
+        assert ran[-1] == (2, 0)
+        assert [(s.stream, s.old, s.new) for s in streams.switches] == [(0, 0, 2)]
+        assert all(s.level == pytest.approx(1.0, abs=0.05) for s in streams.switches)
+    else:
+        assert ran[-1] == (1, 1)
+        assert [(s.stream, s.old, s.new) for s in streams.switches] == [(None, 0, 1)]
+        assert 0.4 < streams.switches[0].level < 0.65
+    assert a.switches == []  # the single-stream controller's record is its own
+
+
+class _Streams:
+    """A stand-in `Streams` of a stand-in plan: frames are rows of (dirty,
+    refreshed, skipped), one per stream."""
+
+    def __init__(self, plan, n, schedule):
+        self.plan, self.n, self.schedule, self.raced = plan, n, schedule, None
+        self.phases = list(range(n))
+
+    def init(self):
+        self.plan.inits += 1
+        return np.zeros(self.n)
+
+    def step(self, states, frames):
+        frames = np.asarray(frames, np.float64)
+        info = {
+            "input_reuse": 1.0 - frames[:, 0],
+            "refreshed": frames[:, 1] > 0,
+            "skipped": frames[:, 2] > 0,
+        }
+        return np.array([self.plan.name] * self.n), states + 1, info
+
+
+def test_a_pooled_batch_averages_the_streams_that_ran_and_restarts_them_all():
+    class Plan(_Plan):
+        def streams(self, n, *, stagger, schedule):
+            return _Streams(self, n, "pooled" if schedule == "auto" else schedule)
+
+    plans = [Plan("low"), Plan("high")]
+    a = Adaptive(plans, [0.1, 0.9], smoothing=1.0, margin=0.0, patience=2, start=0)
+    streams = a.streams(3)
+    assert streams.schedule == "pooled"
+    state = streams.init()
+    busy, quiet = (0.9, 0, 0), (0.1, 0, 0)
+    batches = [
+        [busy, quiet, (1.0, 1, 0)],  # (0.9 + 0.1) / 2: a refresh does not count
+        [busy, busy, (0.0, 0, 1)],  # 0.9: a still frame does not count
+        [busy, busy, busy],  # 0.9 again: patience reached, all three switch
+        [busy, quiet, quiet],
+    ]
+    ran = []
+    for frames in batches:
+        outs, state, infos = streams.step(state, frames)
+        assert set(outs) == {a.models[int(infos["plan"][0])].name}
+        ran.append(int(infos["plan"][0]))
+    assert ran == [0, 0, 0, 1]
+    assert [(s.frame, s.stream, s.new) for s in streams.switches] == [(3, None, 1)]
+    assert streams.switches[0].level == pytest.approx(0.9)
+    # plan 1: precompiled on the first batch, then fresh at the switch, then a step
+    assert plans[1].inits == 2 and np.array_equal(state.state, np.ones(3))
+    with pytest.raises(TypeError, match="AdaptiveState"):
+        streams.step((state,), batches[0])

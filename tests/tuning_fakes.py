@@ -10,7 +10,7 @@ def fake_measurements(monkeypatch, path, costs, matcher=None):
     frames (both looked up when measured, so a test may change them);
     measurements are kept in the file ``path``. Returns ``matcher``."""
     monkeypatch.setenv(kt.CACHE_ENV, str(path))
-    monkeypatch.setattr(kt, "_compiled", lambda p, c, dtype=None: c)
+    monkeypatch.setattr(kt, "_compiled", lambda p, c, *inputs: c)
     monkeypatch.setattr(
         kt,
         "_timed",
@@ -21,4 +21,5 @@ def fake_measurements(monkeypatch, path, costs, matcher=None):
     matcher = {} if matcher is None else matcher
     monkeypatch.setattr(autotune, "_matcher_cost", lambda m, *a: matcher.get(m.name, 1e-6))
     monkeypatch.setattr(autotune, "_matcher_cost_on", lambda m, *a: matcher.get(m.name, 1e-6))
+    monkeypatch.setattr(autotune, "_matcher_warmups", lambda *a: [])
     return matcher

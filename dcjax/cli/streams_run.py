@@ -3,11 +3,13 @@
 Contract: every video is decoded at one frame size (the model's, ``--size``,
 or with ``--native`` their common own size: videos of different sizes are an
 error naming them), and stepped together through `dcjax.streams.Streams` (the
-``deepcache`` method's options, from ``--method``), beside dcjax's dense
-lowering of the same batch (``nocache``), interleaved frame by frame. The
-model is tuned on the first video's first frames, and the streams' schedule
-(`dcjax.streams.SCHEDULES`) raced on them; the schedule is printed and
-recorded. A video
+``deepcache`` method's options, from ``--method``) or, with ``--method
+adaptive``, through `dcjax.switching.AdaptiveStreams` (measured plans switched
+at run time by the streams' dirty fractions; every switch is printed and
+counted per stream), beside dcjax's dense lowering of the same batch
+(``nocache``), interleaved frame by frame. The model is tuned on the first
+video's first frames, and the streams' schedule (`dcjax.streams.SCHEDULES`)
+raced on them; the schedule is printed and recorded. A video
 that ends early is finished: from then on its stream gets its last frame
 again (a still frame, which contributes no tiles) and its outputs are not
 kept, and the other streams go on. Prints one summary row per stream (frames,
@@ -31,16 +33,36 @@ from dcjax.bench import common
 __all__ = ["streams_run_command"]
 
 
-def _method(sub: argparse.ArgumentParser, spec_text: str):
-    """The `Config` of a ``deepcache`` method spec (the only method streams run)."""
-    from dcjax.eval import methods, registry
+#: The methods several videos run as streams of (``--method``).
+STREAM_METHODS = ("deepcache", "adaptive")
+
+
+def _method(sub: argparse.ArgumentParser, spec_text: str) -> tuple[str, Any]:
+    """The method's name and options: a `Config` for ``deepcache``, `(config,
+    levels, controller)` for ``adaptive``."""
+    from dcjax.eval import methods, registry, switching_method
 
     name, options = registry.parse_method(spec_text)
-    if name != "deepcache":
-        sub.error(f"argument --method: several videos run as streams of the deepcache method "
-                  f"only, got {name!r}")  # fmt: skip
+    if name not in STREAM_METHODS:
+        sub.error(f"argument --method: several videos run as streams of "
+                  f"{' or '.join(STREAM_METHODS)} only, got {name!r}")  # fmt: skip
+    common.check_method(sub, "--method", spec_text)
     with common.method_errors(sub, "--method"):
-        return methods.deepcache_config(options)
+        if name == "deepcache":
+            return name, methods.deepcache_config(options)
+        return name, switching_method.adaptive_options(options)
+
+
+def _streams(name: str, options: Any, spec: Any, n: int, progress: bool) -> Any:
+    """The `Streams` (or `AdaptiveStreams`) of ``n`` streams of the method."""
+    from dcjax.eval import methods, switching_method
+
+    if name == "deepcache":
+        return methods.transform(spec, options).streams(n)
+    adaptive = switching_method.build_adaptive(spec, *options, progress=progress)
+    print(f"plans: {len(adaptive.models)}, from input dirty fractions "
+          f"{', '.join(f'{v:g}' for v in adaptive.levels)}", flush=True)  # fmt: skip
+    return adaptive.streams(n)
 
 
 def _size(sub, args, paths: list[str]) -> tuple[int, int] | None:
@@ -65,7 +87,7 @@ def streams_run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) 
     from dcjax.eval.harness import calibrated
 
     common.check_model(sub, "--model", args.model)
-    config = _method(sub, args.method)
+    name, options = _method(sub, args.method)
     if args.out:
         sub.error("argument --out: one video only; with several, use --outputs PATH.npz")
     paths = [common.check_video(sub, "VIDEO", v, args.start) for v in args.video]
@@ -84,8 +106,7 @@ def streams_run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) 
     print(f"{args.model} on {n} videos as streams of one batch at {h}x{w}: "
           f"{', '.join(str(k) for k in lengths)} frames", flush=True)  # fmt: skip
     spec = calibrated(spec, clips[0])  # tune and race on the first video's first frames
-    cached = methods.transform(spec, config)
-    streams = cached.streams(n)
+    streams = _streams(name, options, spec, n, progress=not args.no_progress)
     raced = streams.raced or {}
     print(f"schedule: {streams.schedule}"
           + ("" if not raced else " (raced: " + ", ".join(
@@ -123,6 +144,15 @@ def streams_run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) 
                 refs[i].append(first_ref[i])
     records = _records(args, paths, lengths, outs, refs, infos, times, spec)
     records[-1]["schedule"] = streams.schedule
+    switches = getattr(streams, "switches", None)
+    if switches is not None:
+        records[-1]["switches"] = len(switches)
+        for r in records[:-1]:
+            r["switches"] = sum(s.stream in (None, r["stream"]) for s in switches)
+        for s in switches:
+            who = "every stream" if s.stream is None else f"stream {s.stream}"
+            print(f"switch: {who} from plan {s.old} to plan {s.new} before frame {s.frame} "
+                  f"(input dirty fraction {s.level:.2f})")  # fmt: skip
     print(common.table(_rows(records)))
     summary = records[-1]
     print(f"batch: {summary['mean_ms']:.1f} ms a frame ({summary['throughput_fps']:.1f} "
@@ -158,6 +188,9 @@ def _records(args, paths, lengths, outs, refs, infos, times, spec) -> list[dict[
             "top1_agreement": top1,
             "max_abs_err": float(np.abs(got - ref).max()),
         })  # fmt: skip
+        if "plan" in infos[0]:  # switched plans: the frames each plan ran
+            plans = column("plan")
+            records[-1]["plan_frames"] = {int(p): int((plans == p).sum()) for p in np.unique(plans)}
     n, steps = len(lengths), len(times["deepcache"])
     mean = {m: 1e3 * float(np.mean(v)) / n for m, v in times.items()}
     records.append({
@@ -180,6 +213,7 @@ def _rows(records: list[dict[str, Any]]) -> list[dict[str, str]]:
             "still": f"{100 * r['still_fraction']:.0f} %",
             "input reuse": f"{100 * r['input_reuse']:.0f} %",
             "top-1": "-" if r["top1_agreement"] is None else f"{100 * r['top1_agreement']:.1f} %",
+            **({} if "switches" not in r else {"switches": str(r["switches"])}),
         }  # fmt: skip
         for r in records
         if r["stream"] is not None

@@ -27,7 +27,7 @@ from dcjax.eval.registry import (
     register_method,
 )
 
-__all__: list[str] = []
+__all__ = ["adaptive_options", "build_adaptive"]
 
 _CONTROLLER = {
     "smoothing": number(0.0, 1.0),
@@ -49,8 +49,9 @@ def _levels(value: Any) -> tuple[float, ...]:
     return levels
 
 
-def _options(options: Mapping[str, Any]):
-    """(config, levels, controller options) of the method's options."""
+def adaptive_options(options: Mapping[str, Any]) -> tuple[Any, tuple[float, ...], dict]:
+    """(config, levels, controller options) of the method's options; a
+    ValueError names a bad one."""
     options = dict(options)
     levels = checked_option("levels", options.pop("levels", switching.LEVELS), _levels)
     controller = {
@@ -64,20 +65,28 @@ def _options(options: Mapping[str, Any]):
     return cfg, levels, controller
 
 
+def build_adaptive(
+    spec: ModelSpec, cfg: Any, levels: tuple[float, ...], controller: Mapping[str, Any],
+    *, progress: bool = True,
+) -> switching.Adaptive:  # fmt: skip
+    """`dcjax.switching.adaptive` of ``spec`` (calibrated on its calibration frames)."""
+    return switching.adaptive(
+        spec.module, spec.variables, frame_shape=spec.frame_shape, config=cfg, levels=levels,
+        preprocess=spec.preprocess, calibration=spec.calibration, progress=progress,
+        **controller,
+    )  # fmt: skip
+
+
 @register_method(
     "adaptive",
     "DeepCache with measured plans switched by the stream's dirty fraction",
-    check=_options,
+    check=adaptive_options,
 )
 def _adaptive(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
-    cfg, levels, controller = _options(options)
+    cfg, levels, controller = adaptive_options(options)
 
     def build(cfg) -> Runner:
-        a = switching.adaptive(
-            spec.module, spec.variables, frame_shape=spec.frame_shape, config=cfg,
-            levels=levels, preprocess=spec.preprocess, calibration=spec.calibration,
-            **controller,
-        )  # fmt: skip
+        a = build_adaptive(spec, cfg, levels, controller)
         first = a.models[0]
         return Runner(
             method="adaptive",

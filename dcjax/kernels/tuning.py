@@ -31,6 +31,7 @@ model (which fractions, whether the cached plan beats the dense one).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -38,6 +39,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -176,9 +178,8 @@ def blob_mask(n: int, ho: int, wo: int, fraction: float) -> np.ndarray:
     return mask
 
 
-def _compiled(p: TilePlan, choice: KernelChoice, dtype=jnp.float32):
-    """``choice`` on the layer ``p``, compiled, and its arguments but the mask."""
-    geometry = p.geometry
+def _inputs(p: TilePlan, dtype=jnp.float32) -> tuple[jax.Array, jax.Array]:
+    """Random input and weights of the layer ``p``, shared by its candidates."""
     # Drawn by NumPy and put on the device: `jax.random` would compile a program
     # for each new shape, more than the dense candidate's own compile.
     rng = np.random.default_rng(0)
@@ -186,7 +187,14 @@ def _compiled(p: TilePlan, choice: KernelChoice, dtype=jnp.float32):
     w = jnp.asarray(
         rng.standard_normal((p.kh, p.kw, p.cin // p.groups, p.cout), np.float32).astype(dtype)
     )
-    cached = jnp.asarray(np.zeros((p.n, p.ho, p.wo, p.cout), dtype))
+    return x, w
+
+
+def _compiled(p: TilePlan, choice: KernelChoice, x: jax.Array, w: jax.Array):
+    """``choice`` on the layer ``p``, compiled, and its arguments but the mask
+    (``x`` and ``w`` from `_inputs`; a cache of its own, donated call by call)."""
+    geometry = p.geometry
+    cached = jnp.asarray(np.zeros((p.n, p.ho, p.wo, p.cout), x.dtype))
 
     def call(x, w, mask, cached):
         return masked_conv(
@@ -229,7 +237,8 @@ def measure(
 ) -> tuple[float, ...]:
     """Seconds a call of ``choice`` on the layer ``p`` at each of ``fractions``
     (see the module docstring)."""
-    return _timed(p, {choice.name: _compiled(p, choice, dtype)}, fractions, repeats)[choice.name]
+    compiled = _compiled(p, choice, *_inputs(p, dtype))
+    return _timed(p, {choice.name: compiled}, fractions, repeats)[choice.name]
 
 
 def expected_cost(
@@ -357,6 +366,7 @@ def tune(
     scattered: Sequence[bool] | None = None,
     repeats: int = 5,
     progress: Callable[..., Iterable] | None = None,
+    precompile: Sequence[Callable[[], Any]] = (),
 ) -> tuple[LayerTuning, ...]:
     """A `LayerTuning` per layer of ``plans`` (see the module docstring).
 
@@ -364,6 +374,8 @@ def tune(
     fractions alike). ``progress(iterable, total=n, what=...)`` wraps the
     compiles and the measurements still to make (a tqdm bar). Each distinct
     geometry is measured once; measurements go to ``cache``, saved at the end.
+    ``precompile``: the caller's compiles of programs it will time later (run
+    beside the candidates' compiles, all finished before any timing).
     """
     n = len(plans)
     fractions = [None] * n if fractions is None else list(fractions)
@@ -381,13 +393,27 @@ def tune(
     items = list(todo.items())
     progress = progress if items else None
     # Every candidate is compiled before any is timed, so that no compile runs
-    # beside a timed call. (Compiling on a pool of threads, one per core, gained
-    # nothing on 2 cores: docs/performance-notes.md.)
+    # beside a timed call: on a pool of one thread per core, where one
+    # candidate traces while XLA compiles another outside the GIL, beside the
+    # caller's own compiles (``precompile``). The candidates of a layer share
+    # one input.
+    inputs: dict[str, tuple] = {}
+    for (key, _), (p, _) in items:
+        if key not in inputs:
+            inputs[key] = _inputs(p)
     by_layer: dict[str, dict[str, tuple]] = {}
-    for (key, name), (p, c) in (
-        progress(items, total=len(items), what="compiling") if progress else items
-    ):
-        by_layer.setdefault(key, {})[name] = (p, _compiled(p, c))
+    with concurrent.futures.ThreadPoolExecutor(max(1, _cores())) as pool:
+        extra = [pool.submit(job) for job in precompile]
+        futures = {
+            pool.submit(_compiled, p, c, *inputs[key]): (key, name) for (key, name), (p, c) in items
+        }
+        done = concurrent.futures.as_completed(futures)
+        for f in progress(done, total=len(items), what="compiling") if progress else done:
+            f.result()
+        for f in extra:
+            f.result()
+    for f, (key, name) in futures.items():
+        by_layer.setdefault(key, {})[name] = (todo[(key, name)][0], f.result())
     layers = list(by_layer.items())
     for key, group in progress(layers, total=len(layers), what="timing") if progress else layers:
         p = next(iter(group.values()))[0]

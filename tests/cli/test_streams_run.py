@@ -51,11 +51,34 @@ def test_a_video_that_ends_early_finishes_and_the_others_go_on(tmp_path, short_c
     assert f"schedule: {batch['schedule']} (raced: pooled " in text
 
 
+def test_adaptive_streams_switch_plans_and_report_each_switch(tmp_path, short_clip, capsys):
+    """Two plans (tuned for a quiet and a wholly new input) and a controller that
+    switches on the first frame past a border: the batch's records count the
+    plans' frames and the switches, and every switch is printed."""
+    out = tmp_path / "r.json"
+    argv = ["run", "vtest", str(short_clip), *MODEL, *SIZE, "--frames", "6", "--json", str(out),
+            "--method", "adaptive:levels=0.01|1,patience=1,margin=0,smoothing=1"]  # fmt: skip
+    assert cli.main(argv) == 0
+    records = json.loads(out.read_text())
+    streams, batch = records[:-1], records[-1]
+    text = capsys.readouterr().out
+    assert "plans: " in text and batch["schedule"] in ("pooled", "sequential")
+    assert batch["switches"] == text.count("switch: ")
+    for r in streams:
+        assert sum(r["plan_frames"].values()) == r["frames"]
+        if batch["schedule"] == "sequential":
+            assert r["switches"] == text.count(f"switch: stream {r['stream']} ")
+        else:
+            assert r["switches"] == batch["switches"] == text.count("switch: every stream")
+        assert np.isfinite(r["max_abs_err"]) and r["max_abs_err"] < 1e-3
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--method", "frame"], "argument --method: several videos run as streams of the "
-                                "deepcache method only"),
+        (["--method", "frame"], "argument --method: several videos run as streams of "
+                                "deepcache or adaptive only"),
+        (["--method", "adaptive:levels=0.5|0.2"], "levels='0.5|0.2' must increase"),
         (["--out", "x.mp4"], "argument --out: one video only"),
         (["--native"], "argument --native: the videos have different frame sizes"),
     ],

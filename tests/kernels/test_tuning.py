@@ -2,6 +2,7 @@
 expected costs, the measurements' file, and the choice made from them."""
 
 import json
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -100,7 +101,7 @@ def test_cache_round_trip_merge_and_bad_files(tmp_path):
 def _fake_timings(monkeypatch, costs):
     """Measurements by candidate impl: ``costs[impl](fraction)``; counts the calls."""
     calls = []
-    monkeypatch.setattr(kt, "_compiled", lambda p, c, dtype=None: c)
+    monkeypatch.setattr(kt, "_compiled", lambda p, c, *inputs: c)
 
     def timed(p, group, fractions, repeats):
         calls.extend(group)
@@ -127,6 +128,33 @@ def test_tune_chooses_the_least_expected_cost_and_measures_once(monkeypatch, tmp
     # without fractions every fraction counts alike, a refresh every 2 frames included
     uniform = kt.tune(layers[:1], "cpu", cache=cache, refresh_every=2)[0]
     assert uniform.expected["xla"] == pytest.approx(0.5 * 0.85 + 0.5 * 1.6)
+
+
+def test_every_compile_ends_before_any_timing_and_a_layers_candidates_share_inputs(
+    monkeypatch, tmp_path
+):
+    """The caller's compiles (``precompile``) and the candidates' run on the
+    pool, all finished before the first timed call; one input per layer."""
+    log, inputs = [], {}
+
+    def compiled(p, c, x, w):
+        time.sleep(0.02)  # let the pool's threads interleave
+        inputs.setdefault(kt.layer_key(p), set()).add((id(x), id(w)))
+        log.append("compile")
+        return c
+
+    def timed(p, group, fractions, repeats):
+        log.append("time")
+        return {name: tuple(1.0 for _ in fractions) for name in group}
+
+    monkeypatch.setattr(kt, "_compiled", compiled)
+    monkeypatch.setattr(kt, "_timed", timed)
+    jobs = [lambda: (time.sleep(0.05), log.append("job")) for _ in range(2)]
+    kt.tune([_layer(), _layer(h=10)], "cpu", cache=kt.TuningCache(tmp_path / "t.json"),
+            precompile=jobs)  # fmt: skip
+    assert log.count("compile") == 6 and log.count("job") == 2 and log.count("time") == 2
+    assert log.index("time") == 8  # after every compile and job
+    assert all(len(v) == 1 for v in inputs.values()) and len(inputs) == 2
 
 
 def test_resolve_tuning(monkeypatch):
