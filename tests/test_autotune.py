@@ -113,8 +113,9 @@ def test_a_saving_below_the_matchers_cost_makes_the_dense_plan(model, fake, monk
     assert cached.tuning.plan == "cached"
 
 
-def test_calibration_frames_choose_for_the_streams_fractions(model, fake):
+def test_calibration_frames_choose_for_the_streams_fractions(model, fake, monkeypatch):
     costs, _ = fake
+    monkeypatch.setattr(autotune, "race", lambda models, frames: [1.0] * len(models))
     # xla pays below a dirty fraction of 0.5, rows above it
     costs.update(dense=lambda f: 1e-3, xla=lambda f: 1.6e-3 * f, rows=lambda f: 0.4e-3 + 0.4e-3 * f)
     net, variables = model
@@ -407,7 +408,8 @@ def test_progress_bars_false_silences_the_tuning_bars(model, monkeypatch, tmp_pa
     monkeypatch.setattr(autotune, "_bar", bar)
     net, variables = model
     cfg = dcjax.Config(tuning="measure")
-    monkeypatch.setenv(kt.CACHE_ENV, str(tmp_path / "quiet.json"))
+    costs = {"dense": lambda f: 1e-3, "xla": lambda f: 2e-3 * f, "rows": lambda f: 1e-3 * f}
+    fake_measurements(monkeypatch, tmp_path / "quiet.json", costs)
     with autotune.progress_bars(False):
         dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=True)
     assert shown == []
