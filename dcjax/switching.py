@@ -343,8 +343,10 @@ def adaptive(
 ) -> Adaptive:
     """An `Adaptive` model (see the module docstring): one measured plan per level
     of ``levels`` (dirty fractions of the input, increasing, in (0, 1]), plans
-    with the same kernels merged. ``controller``: `Adaptive`'s ``smoothing``,
-    ``margin``, ``patience``, ``start``."""
+    with the same kernels merged. With ``calibration`` frames, their own input
+    dirty fraction is a level too (its plan is the one `transform` tunes for
+    them), and the run starts on it. ``controller``: `Adaptive`'s
+    ``smoothing``, ``margin``, ``patience``, ``start``."""
     from dcjax.kernels.tuning import resolve_tuning
 
     config = Config() if config is None else config
@@ -356,13 +358,16 @@ def adaptive(
     levels = tuple(float(v) for v in levels)
     if not levels or any(not 0 < v <= 1 for v in levels) or list(levels) != sorted(set(levels)):
         raise ValueError(f"dcjax: levels must increase within (0, 1], got {levels}")
-    ratios = None
+    ratios, own, start = None, None, None
     if calibration is not None:
         cal = calibrate(
             model, variables, frame_shape=frame_shape, frames=calibration, config=config,
             preprocess=preprocess,
         )  # fmt: skip
         ratios = [f / max(cal.input, 1e-6) for f in cal.layers]
+        if 0 < cal.input <= 1 and float(cal.input) not in levels:
+            own = float(cal.input)  # the plan `transform` tunes for these frames
+            levels = tuple(sorted((*levels, own)))
     models, kept = [], []
     seen: dict[tuple, int] = {}
     for level in levels:
@@ -372,10 +377,11 @@ def adaptive(
             tuning_fractions=level if ratios is None else [min(1.0, r * level) for r in ratios],
         )  # fmt: skip
         key = (cached.tuning.plan, cached.tuning.choices)
-        if key in seen:
-            continue
-        seen[key] = len(models)
-        cached.calibration = calibration  # what the streams' schedules race on
-        models.append(cached)
-        kept.append(level)
-    return Adaptive(models, kept, **controller)
+        if key not in seen:
+            seen[key] = len(models)
+            cached.calibration = calibration  # what the streams' schedules race on
+            models.append(cached)
+            kept.append(level)
+        if level == own:
+            start = seen[key]
+    return Adaptive(models, kept, **{"start": start, **controller})

@@ -272,3 +272,38 @@ def test_a_pooled_batch_averages_the_streams_that_ran_and_restarts_them_all():
     assert plans[1].inits == 2 and np.array_equal(state.state, np.ones(3))
     with pytest.raises(TypeError, match="AdaptiveState"):
         streams.step((state,), batches[0])
+
+
+def test_calibration_frames_add_their_own_level_and_the_run_starts_on_it(monkeypatch, tmp_path):
+    """With calibration frames, the frames' own input dirty fraction is a level:
+    its plan chooses the kernels `transform` chooses for the same frames, and
+    the run starts on it."""
+    from dcjax import autotune
+
+    costs = {
+        "dense": lambda f: 1e-3,
+        "xla": lambda f: 2e-3 * f + 1e-5,
+        "rows": lambda f: 0.4e-3 + 0.8e-3 * f,
+    }
+    fake_measurements(monkeypatch, tmp_path / "tuning.json", costs)
+    monkeypatch.setattr(autotune, "race", lambda models, frames: [1.0] * len(models))
+    net = Net()
+    variables = net.init(jax.random.key(0), jnp.zeros((1, *SHAPE)))
+    cfg = dcjax.Config(tuning="measure", refresh_every=None, min_match=0.0)
+    rng = np.random.default_rng(3)
+    frames = np.repeat(rng.integers(0, 256, (1, *SHAPE)).astype(np.uint8), 6, axis=0)
+    frames[1::2, :6, :6] = 255 - frames[1::2, :6, :6]  # a corner changes: a low fraction
+    cal = dcjax.calibrate(net, variables, frame_shape=SHAPE, frames=frames, config=cfg)
+    assert 0 < cal.input < 0.5
+    a = dcjax.adaptive(net, variables, frame_shape=SHAPE, config=cfg, levels=(0.5, 1.0),
+                       calibration=frames, progress=False)  # fmt: skip
+    assert a.levels[a.start] == pytest.approx(cal.input)
+    assert a.init().plan == a.start == 0
+    same = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, calibration=frames)
+    assert a.models[a.start].tuning.choices == same.tuning.choices
+    assert [t.fraction for t in a.models[a.start].tuning.layers] == pytest.approx(
+        [t.fraction for t in same.tuning.layers], rel=1e-4
+    )
+    started = dcjax.adaptive(net, variables, frame_shape=SHAPE, config=cfg, levels=(0.5, 1.0),
+                             calibration=frames, progress=False, start=1)  # fmt: skip
+    assert started.start == 1  # the caller's start wins
