@@ -105,17 +105,25 @@ class Net(nn.Module):
         return x.mean(axis=(1, 2))
 
 
-def test_measured_plans_switch_on_a_real_stream_and_stay_exact(monkeypatch, tmp_path):
-    # the tile kernel pays at low dirty fractions, the row kernel at 1/2, nothing at 1
-    costs = {
-        "dense": lambda f: 1e-3,
-        "xla": lambda f: 2e-3 * f + 1e-5,
-        "rows": lambda f: 0.4e-3 + 0.8e-3 * f,
-    }
-    fake_measurements(monkeypatch, tmp_path / "tuning.json", costs)
+#: Faked kernel costs: the tile kernel pays at low dirty fractions, the row
+#: kernel at 1/2, nothing at 1.
+COSTS = {
+    "dense": lambda f: 1e-3,
+    "xla": lambda f: 2e-3 * f + 1e-5,
+    "rows": lambda f: 0.4e-3 + 0.8e-3 * f,
+}
+
+
+def _faked(monkeypatch, tmp_path):
+    """`Net`, its variables and a measured config, the kernels' costs `COSTS`."""
+    fake_measurements(monkeypatch, tmp_path / "tuning.json", COSTS)
     net = Net()
     variables = net.init(jax.random.key(0), jnp.zeros((1, *SHAPE)))
-    cfg = dcjax.Config(tuning="measure", refresh_every=None, min_match=0.0)
+    return net, variables, dcjax.Config(tuning="measure", refresh_every=None, min_match=0.0)
+
+
+def test_measured_plans_switch_on_a_real_stream_and_stay_exact(monkeypatch, tmp_path):
+    net, variables, cfg = _faked(monkeypatch, tmp_path)
     a = dcjax.adaptive(
         net, variables, frame_shape=SHAPE, config=cfg, levels=(0.125, 0.25, 0.5, 1.0),
         smoothing=1.0, patience=2, start=0, progress=False,
@@ -158,15 +166,7 @@ def test_adaptive_needs_the_measured_auto_kernel():
 
 def _measured_plans(monkeypatch, tmp_path, **controller):
     """Three measured plans of `Net` (tile kernel, row kernel, dense) by level."""
-    costs = {
-        "dense": lambda f: 1e-3,
-        "xla": lambda f: 2e-3 * f + 1e-5,
-        "rows": lambda f: 0.4e-3 + 0.8e-3 * f,
-    }
-    fake_measurements(monkeypatch, tmp_path / "tuning.json", costs)
-    net = Net()
-    variables = net.init(jax.random.key(0), jnp.zeros((1, *SHAPE)))
-    cfg = dcjax.Config(tuning="measure", refresh_every=None, min_match=0.0)
+    net, variables, cfg = _faked(monkeypatch, tmp_path)
     a = dcjax.adaptive(
         net, variables, frame_shape=SHAPE, config=cfg, levels=(0.125, 0.5, 1.0),
         smoothing=1.0, patience=2, start=0, progress=False, **controller,
@@ -280,16 +280,8 @@ def test_calibration_frames_add_their_own_level_and_the_run_starts_on_it(monkeyp
     the run starts on it."""
     from dcjax import autotune
 
-    costs = {
-        "dense": lambda f: 1e-3,
-        "xla": lambda f: 2e-3 * f + 1e-5,
-        "rows": lambda f: 0.4e-3 + 0.8e-3 * f,
-    }
-    fake_measurements(monkeypatch, tmp_path / "tuning.json", costs)
+    net, variables, cfg = _faked(monkeypatch, tmp_path)
     monkeypatch.setattr(autotune, "race", lambda models, frames: [1.0] * len(models))
-    net = Net()
-    variables = net.init(jax.random.key(0), jnp.zeros((1, *SHAPE)))
-    cfg = dcjax.Config(tuning="measure", refresh_every=None, min_match=0.0)
     rng = np.random.default_rng(3)
     frames = np.repeat(rng.integers(0, 256, (1, *SHAPE)).astype(np.uint8), 6, axis=0)
     frames[1::2, :6, :6] = 255 - frames[1::2, :6, :6]  # a corner changes: a low fraction
