@@ -189,6 +189,16 @@ class Config:
             the next refresh.
         refresh_every: recompute everything every this many frames (the first
             frame always is); ``None`` refreshes only on scene cuts.
+        refresh_bands: spread each periodic refresh over this many frames,
+            the last ``refresh_bands`` of the period: on each of them one
+            horizontal band of ``1/refresh_bands`` of the input's rows is
+            computed afresh (its pixels are not reused, whatever the matcher
+            says), top band first, so that every input pixel is recomputed
+            once a period without a frame that computes everything (a video
+            codec's intra refresh). 1 (the default): the whole frame at once.
+            Scene cuts, bad frames and the first frame still refresh in full;
+            needs ``refresh_every`` of at least ``refresh_bands`` and no
+            refinement.
         min_match: when fewer than this fraction of blocks match (scene cut,
             bad frame), the frame is recomputed in full.
         alignment: ``"exact"`` reuses a layer only when the motion divided by
@@ -290,6 +300,7 @@ class Config:
     psnr_threshold: float = 20.0
     key: str = "reference"
     refresh_every: int | None = 10
+    refresh_bands: int = 1
     min_match: float = 0.1
     alignment: str = "exact"
     kernel: str = "auto"
@@ -319,6 +330,24 @@ class Config:
             self.refresh_every is None
             or (isinstance(self.refresh_every, int) and self.refresh_every >= 1),
             f"Config.refresh_every must be a positive int or None, got {self.refresh_every!r}",
+        )
+        _check(
+            isinstance(self.refresh_bands, int)
+            and not isinstance(self.refresh_bands, bool)
+            and self.refresh_bands >= 1,
+            f"Config.refresh_bands must be a positive int, got {self.refresh_bands!r}",
+        )
+        _check(
+            self.refresh_bands == 1
+            or (self.refresh_every is not None and self.refresh_bands <= self.refresh_every),
+            f"Config.refresh_bands={self.refresh_bands} spreads the periodic refresh over "
+            f"that many frames of a period: it needs refresh_every >= {self.refresh_bands}, "
+            f"got {self.refresh_every!r}",
+        )
+        _check(
+            self.refresh_bands == 1 or self.refine is None,
+            "Config.refresh_bands > 1 cannot be combined with refinement (its references "
+            "restart on full refreshes only); use refresh_bands=1",
         )
         _check(
             0.0 <= self.min_match <= 1.0,

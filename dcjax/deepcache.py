@@ -274,6 +274,8 @@ class CachedModel:
 
         Returns:
             ``(output, state, info)``; ``info`` holds ``motion``, ``refreshed``,
+            ``refresh_band`` (the band a banded refresh recomputes,
+            `Config.refresh_bands`, else -1),
             ``nonfinite``, ``match_ratio``, ``input_reuse`` (fraction of input
             pixels reused), ``reuse_fraction`` (per layer), ``dense_reuse``
             (per fully connected layer, the fraction of its inputs whose
@@ -307,6 +309,7 @@ class CachedModel:
         return {
             "motion": jnp.zeros((2,), jnp.int32),
             "refreshed": jnp.bool_(True),
+            "refresh_band": jnp.int32(-1),
             "nonfinite": jnp.bool_(False),
             "match_ratio": jnp.float32(0.0),
             "input_reuse": jnp.float32(0.0),

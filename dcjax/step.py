@@ -47,7 +47,9 @@ from dcjax.transforms.records import Analysis
 from dcjax.transforms.refiners import DenseUpdater, InputRefiner
 from dcjax.transforms.trace import TracedModel
 
-__all__ = ["LayerResult", "Pass", "Step", "frame_finite", "frame_input", "mean_of_masks"]
+__all__ = [
+    "LayerResult", "Pass", "Step", "frame_finite", "frame_input", "mean_of_masks", "refresh_band",
+]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,6 +74,15 @@ class _Deferred:
     eqn: Any
     invals: list
     epilogue: Any
+
+
+def refresh_band(since_refresh: jax.Array, every: int, bands: int) -> jax.Array:
+    """The band of a banded periodic refresh (`Config.refresh_bands`) a frame
+    computes afresh, ``0 .. bands - 1`` over the last ``bands`` frames of the
+    ``every``-frame period (``since_refresh`` from ``every - bands + 1`` to
+    ``every``), else -1."""
+    k = since_refresh - (every - bands) - 1
+    return jnp.where((k >= 0) & (k < bands), k, -1).astype(jnp.int32)
 
 
 class _CachePolicy(Policy):
@@ -289,8 +300,11 @@ class Step:
             )
         ratio = m.match_ratio if m.match_ratio is not None else m.mask.mean(dtype=jnp.float32)
         refresh = ~state.has_prev | (ratio < cfg.min_match) | ~finite
-        if cfg.refresh_every is not None:
+        band = jnp.int32(-1)
+        if cfg.refresh_every is not None and cfg.refresh_bands == 1:
             refresh = refresh | (state.since_refresh >= cfg.refresh_every)
+        elif cfg.refresh_every is not None:
+            band = refresh_band(state.since_refresh, cfg.refresh_every, cfg.refresh_bands)
         motion = jnp.asarray(m.motion, jnp.int32)
         h, w = self.frame_shape[:2]
         iy = jnp.arange(h)[:, None] + motion[0]
@@ -303,6 +317,10 @@ class Step:
             # derivation (block PSNRs, expansion to pixels, the frame border)
             # into every consumer of every layer's mask, once per pixel.
             r0 = lax.cond(refresh, lambda: jnp.zeros((h, w), bool), lambda: m.mask & inside)
+        if cfg.refresh_bands > 1:
+            rows = jnp.arange(h)
+            start, stop = band * h // cfg.refresh_bands, (band + 1) * h // cfg.refresh_bands
+            r0 = r0 & ~((rows >= start) & (rows < stop))[:, None]
 
         ctx = FrameContext(motion, cfg.alignment)
         if plan.skips_still and skip_still:
@@ -319,7 +337,8 @@ class Step:
             since_refresh=jnp.where(
                 refresh,
                 jnp.where(state.frame_index == 0, state.since_refresh + 1, 1),
-                state.since_refresh + 1,
+                # the last band ends a banded refresh's period
+                jnp.where(band == cfg.refresh_bands - 1, 1, state.since_refresh + 1),
             ).astype(jnp.int32),
             frame_index=state.frame_index + 1,
             motion=jnp.where(finite, motion, state.motion),
@@ -334,6 +353,7 @@ class Step:
         info = {
             "motion": motion,
             "refreshed": refresh,
+            "refresh_band": jnp.where(refresh, -1, band).astype(jnp.int32),
             "nonfinite": ~finite,
             "match_ratio": jnp.asarray(ratio, jnp.float32),
             "input_reuse": r0.mean(dtype=jnp.float32),

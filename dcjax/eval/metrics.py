@@ -45,6 +45,8 @@ report rely on it). The definitions:
 - ``match_ratio``: mean over non-refresh frames of the fraction of input
   blocks matched (``None`` when the method matches nothing).
 - ``refreshes``: frames recomputed in full (the first frame included).
+- ``band_refreshes``: frames that recomputed one band of a banded periodic
+  refresh (`dcjax.Config.refresh_bands`; 0 for the other methods).
 - ``cache_bytes``: bytes of the per-stream state after the last frame.
 - ``per_layer``: per reused convolution, ``name``, ``flops`` and the mean
   ``reuse_fraction`` of its output; for DeepCache's methods then per fully
@@ -110,6 +112,7 @@ RECORD_KEYS = (
     "output_rel_mse",
     "match_ratio",
     "refreshes",
+    "band_refreshes",
     "cache_bytes",
     "total_flops",
     "per_layer",
@@ -325,6 +328,9 @@ def make_record(
         **fidelity(reference, outputs),
         "match_ratio": _finite_or_none(float(considered.mean()) if considered.size else None),
         "refreshes": int(refreshed.sum()),
+        "band_refreshes": int((np.asarray(infos["refresh_band"]) >= 0).sum())
+        if "refresh_band" in infos
+        else 0,
         "cache_bytes": int(cache_bytes),
         "total_flops": int(total_flops),
         "per_layer": per_layer,

@@ -29,6 +29,7 @@ def _record(**overrides):
             "flops_ratio": np.array([1.0, 0.5, 0.25, 0.25]),
             "match_ratio": np.array([0.0, 0.9, 0.7, np.nan]),
             "refreshed": np.array([True, False, False, False]),
+            "refresh_band": np.array([-1, -1, 0, 1]),
             "reuse_fraction": np.array([[0, 0], [0.5, 0.0], [1.0, 0.5], [1.0, 0.5]]),
             "skipped": np.array([False, False, True, False]),
         },
@@ -58,7 +59,7 @@ def test_record_values():
     assert r["top5_agreement"] == 1.0  # three classes: everything is in the top five
     assert r["top1_stability"] == 0.0  # the reference's top-1 changes on every frame
     assert r["match_ratio"] == pytest.approx(0.8)  # refresh frame and NaN left out
-    assert r["refreshes"] == 1
+    assert r["refreshes"] == 1 and r["band_refreshes"] == 2
     assert r["cache_bytes"] == 1234
     assert [lay["reuse_fraction"] for lay in r["per_layer"]] == [0.625, 0.25]
     assert [lay["sparse"] for lay in r["per_layer"]] == [True, None]  # None: not said
