@@ -38,15 +38,24 @@ def _weights(seed, shape, scale=0.3):
 
 def _reuse_error(fn, params, motion=MOTION):
     """(max |cached - full| on the translated frame, the step's info)."""
+    return _reuse_errors(fn, params, [motion])[0]
+
+
+def _reuse_errors(fn, params, motions):
+    """`_reuse_error` for each of ``motions``, through one transform (the
+    motion is an argument of the compiled step)."""
     config = dcjax.Config(kernel="reference", refresh_every=None, skip_unchanged=False)
     cached = dcjax.transform(fn, params, frame_shape=(H, W, C), config=config)
-    prev, cur, mask = translated_pair((H, W, C), motion, seed=0)
-    state = cached.init()
-    _, state, _ = cached.step(state, jnp.asarray(prev))
-    match = dcjax.Match(motion=jnp.asarray(motion), mask=jnp.asarray(mask))
-    out, state, info = cached.step(state, jnp.asarray(cur), match=match)
-    full = cached.apply(jnp.asarray(cur))
-    return float(jnp.max(jnp.abs(out - full))), info
+    results = []
+    for motion in motions:
+        prev, cur, mask = translated_pair((H, W, C), motion, seed=0)
+        state = cached.init()
+        _, state, _ = cached.step(state, jnp.asarray(prev))
+        match = dcjax.Match(motion=jnp.asarray(motion), mask=jnp.asarray(mask))
+        out, state, info = cached.step(state, jnp.asarray(cur), match=match)
+        full = cached.apply(jnp.asarray(cur))
+        results.append((float(jnp.max(jnp.abs(out - full))), info))
+    return results
 
 
 def _reused(info) -> float:
@@ -140,16 +149,16 @@ def _pad(x, h=(0, 0), w=(0, 0), value=0.0):
     ],
 )
 def test_a_size_preserving_pad_that_moves_content_is_range_checked(name, fn):
-    for motion in [(-2, 0), (2, 0), (-1, 1), (1, -2), (0, -1)]:
-        err, _ = _reuse_error(fn, W1, motion)
+    motions = [(-2, 0), (2, 0), (-1, 1), (1, -2), (0, -1)]
+    for motion, (err, _) in zip(motions, _reuse_errors(fn, W1, motions), strict=True):
         assert err < 1e-5, (name, motion)
 
 
 def test_a_convolution_whose_padding_excludes_the_output_pixel_is_range_checked():
     """Padding (-1, 3) along H keeps the size but moves the map up by a row."""
     fn = lambda p, x: _conv(_conv(x, p[0], ((-1, 3), (1, 1))), p[1])  # noqa: E731
-    for motion in [(-2, 0), (-1, 0), (-1, 1), (2, 0)]:
-        err, _ = _reuse_error(fn, (W1, W2), motion)
+    motions = [(-2, 0), (-1, 0), (-1, 1), (2, 0)]
+    for motion, (err, _) in zip(motions, _reuse_errors(fn, (W1, W2), motions), strict=True):
         assert err < 1e-5, motion
 
 
