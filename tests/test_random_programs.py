@@ -170,7 +170,7 @@ def _run(ops, params, x):
 
 
 @settings(
-    max_examples=24, deadline=None, derandomize=True,
+    max_examples=20, deadline=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )  # fmt: skip
 @given(program=programs(), k=st.tuples(st.integers(-2, 2), st.integers(-2, 2)),

@@ -296,6 +296,3 @@ def test_calibration_frames_add_their_own_level_and_the_run_starts_on_it(monkeyp
     assert [t.fraction for t in a.models[a.start].tuning.layers] == pytest.approx(
         [t.fraction for t in same.tuning.layers], rel=1e-4
     )
-    started = dcjax.adaptive(net, variables, frame_shape=SHAPE, config=cfg, levels=(0.5, 1.0),
-                             calibration=frames, progress=False, start=1)  # fmt: skip
-    assert started.start == 1  # the caller's start wins
