@@ -223,7 +223,7 @@ def _matcher_warmups(
     jobs = []
     for m in _matchers(config):
         if frames is not None:
-            pair = jnp.asarray(frames)[:2]
+            pair = jnp.asarray(frames[:2])
         elif cache.get(machine, _matcher_key(m, frame_shape, frame_dtype), "match") is None:
             pair = _moved_pair(frame_shape, frame_dtype)
         else:

@@ -110,7 +110,7 @@ class Adaptive:
         self.smoothing, self.margin, self.patience = smoothing, margin, patience
         self.start = len(models) // 2 if start is None else start
         self.switches: list[Switch] = []
-        self._compiled = False
+        self._warm = False
 
     def init(self) -> AdaptiveState:
         """A fresh stream, on the middle plan (or ``start``)."""
@@ -172,11 +172,10 @@ class Adaptive:
         if not isinstance(state, AdaptiveState):
             raise TypeError("dcjax: state must be the AdaptiveState that init() or step() made")
         out, inner, info = self.models[state.plan].step(state.state, frame)
-        if not self._compiled:
-            self._compiled = True
-            for i, m in enumerate(self.models):
-                if i != state.plan:
-                    jax.block_until_ready(m.step(m.init(), frame)[0])
+        if not self._warm:
+            self._warm = True
+            _step_others(len(self.models), state.plan, lambda p: self.models[p].step,
+                         lambda p: self.models[p].init(), frame)  # fmt: skip
         new, switch = self.advance(state, inner, input_dirt(info), lambda p: self.models[p].init())
         if switch is not None:
             self.switches.append(switch)
@@ -185,6 +184,15 @@ class Adaptive:
     def streams(self, n: int, *, stagger: bool = True, schedule: str = "auto") -> AdaptiveStreams:
         """``n`` streams of these plans (`AdaptiveStreams`)."""
         return AdaptiveStreams(self, n, stagger=stagger, schedule=schedule)
+
+
+def _step_others(count: int, ran: int, step_of: Any, fresh: Any, frames: Any) -> None:
+    """Every plan of ``count`` but ``ran`` steps ``frames`` once from
+    ``fresh(plan)`` with ``step_of(plan)``, its result dropped: the plans are
+    compiled before a switch needs them."""
+    for p in range(count):
+        if p != ran:
+            jax.block_until_ready(step_of(p)(fresh(p), frames)[0])
 
 
 def input_dirt(info: dict) -> float | None:
@@ -235,9 +243,10 @@ class AdaptiveStreams:
         first = adaptive.models[adaptive.start].streams(n, stagger=stagger, schedule=schedule)
         self.adaptive, self.n, self.stagger = adaptive, first.n, stagger
         self.schedule, self.raced = first.schedule, first.raced
+        self.phases = first.phases  # every plan's: they share the refresh settings
         self._streams = {adaptive.start: first}
         self.switches: list[Switch] = []
-        self._compiled = False
+        self._warm = False
 
     def plan_streams(self, plan: int) -> Any:
         """The `dcjax.streams.Streams` of plan ``plan`` (built on first use)."""
@@ -247,20 +256,21 @@ class AdaptiveStreams:
             )
         return self._streams[plan]
 
+    def _fresh_batch(self, plan: int) -> Any:
+        """Fresh stacked states of every stream on ``plan`` (pooled)."""
+        return self.plan_streams(plan).init()
+
     def _precompile(self, ran: int, fresh: Any, frames: Any) -> None:
-        """On the first step, every plan but ``ran`` steps ``frames`` once from
-        ``fresh(plan)``, its result dropped: a switch later compiles nothing."""
-        if self._compiled:
+        """On the first step, `_step_others`: a switch later compiles nothing."""
+        if self._warm:
             return
-        self._compiled = True
-        for p in range(len(self.adaptive.models)):
-            if p == ran:
-                continue
-            if self.schedule == "sequential":
-                step = self.adaptive.models[p].step
-            else:
-                step = self.plan_streams(p).step
-            jax.block_until_ready(step(fresh(p), frames)[0])
+        self._warm = True
+        sequential = self.schedule == "sequential"
+        _step_others(
+            len(self.adaptive.models), ran,
+            lambda p: self.adaptive.models[p].step if sequential else self.plan_streams(p).step,
+            fresh, frames,
+        )  # fmt: skip
 
     def init(self) -> AdaptiveState | tuple[AdaptiveState, ...]:
         """Fresh streams on the start plan: one `AdaptiveState` holding the
@@ -287,15 +297,12 @@ class AdaptiveStreams:
                     "dcjax: states must be the AdaptiveState this AdaptiveStreams' init() or "
                     "step() made (pooled schedule)"
                 )
-            streams = self.plan_streams(states.plan)
-            outs, inner, infos = streams.step(states.state, frames)
-            self._precompile(states.plan, lambda p: self.plan_streams(p).init(), frames)
+            fresh = self._fresh_batch
+            outs, inner, infos = self.plan_streams(states.plan).step(states.state, frames)
+            self._precompile(states.plan, fresh, frames)
             ran = ~(np.asarray(infos["refreshed"]) | np.asarray(infos["skipped"]))
             dirt = 1.0 - np.asarray(infos["input_reuse"], np.float64)[ran]
-            new, switch = a.advance(
-                states, inner, float(dirt.mean()) if ran.any() else None,
-                lambda p: self.plan_streams(p).init(),
-            )  # fmt: skip
+            new, switch = a.advance(states, inner, float(dirt.mean()) if ran.any() else None, fresh)
             if switch is not None:
                 self.switches.append(switch)
             plans = np.full(self.n, states.plan, np.int32)
@@ -316,7 +323,7 @@ class AdaptiveStreams:
             out, inner, info = a.models[st.plan].step(st.state, frames[i])
             new, switch = a.advance(
                 st, inner, input_dirt(info),
-                lambda p, i=i: a.models[p].init(refresh_phase=self.plan_streams(p).phases[i]),
+                lambda p, i=i: a.models[p].init(refresh_phase=self.phases[i]),
                 stream=i,
             )  # fmt: skip
             if switch is not None:
