@@ -17,7 +17,9 @@ outputs (the same values as ``fn(params, x)``, segment by segment) and a
   the store's budget), a segment runs once its layer is loaded and the segment
   before it has run.
 
-Each segment's run is timed to completion (``block_until_ready``), so ``exec_s``
+A value is dropped as soon as the last segment that reads it has been
+dispatched (`Segment.frees`), so a run holds a few activations at a time and
+their buffers are reused. Each segment's run is timed to completion (``block_until_ready``), so ``exec_s``
 is device time plus dispatch; ``load_s`` is the time spent getting each layer
 from the store (a layer already resident costs a lookup). "Release" unpins the
 layer: the store keeps it for other models until its budget evicts it. A model
@@ -141,6 +143,8 @@ class LayerwiseModel:
         start = time.perf_counter()
         params = [arrays[layer][tensor] for layer, tensor in self._params[k]]
         outs = seg.fn([env[r] for r in seg.reads], params)
+        for r in seg.frees:  # dead: their buffers go back to the allocator
+            del env[r]
         jax.block_until_ready(outs)
         env.update(zip(seg.writes, outs, strict=True))
         return time.perf_counter() - start

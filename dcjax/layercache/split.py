@@ -70,6 +70,11 @@ class Segment:
         reads: ids of values computed before it (or the model's input) it reads.
         params: ids of the parameter leaves it reads.
         writes: ids of values it computes that later segments or the outputs read.
+        frees: ids of the values it reads that nothing after it reads (neither a
+            later segment nor the outputs; never the model's inputs): the
+            executor drops them once the segment is dispatched, so that their
+            buffers are reused rather than fresh pages allocated for every
+            segment's outputs.
         kinds: primitive names of its heavy operations (``conv_general_dilated``,
             ``dot_general``): DeepEye's split into convolutional and fully
             connected parts.
@@ -80,6 +85,7 @@ class Segment:
     reads: tuple[int, ...]
     params: tuple[int, ...]
     writes: tuple[int, ...]
+    frees: tuple[int, ...]
     kinds: frozenset[str]
     ops: tuple[Op, ...]
     fn: Callable[[Sequence[Any], Sequence[Any]], list[Any]]
@@ -254,6 +260,7 @@ def split(fn: Callable[[Any, Any], Any], params_like: Any, x_like: Any) -> Split
         later_reads[gi] = set(needed)
         for op in groups[gi][0]:
             needed.update(a for a in op.inputs if not isinstance(a, tuple))
+    inputs = set(in_ids)
     segments = []
     for gi, (group_ops, layers) in enumerate(groups):
         defined = {o for op in group_ops for o in op.outputs}
@@ -261,6 +268,7 @@ def split(fn: Callable[[Any, Any], Any], params_like: Any, x_like: Any) -> Split
         params = tuple(sorted(u for u in used if u in layer_by_id))
         reads = tuple(sorted(u for u in used - defined if u not in layer_by_id and u not in consts))
         writes = tuple(sorted(defined & later_reads[gi]))
+        frees = tuple(r for r in reads if r not in later_reads[gi] and r not in inputs)
         seg_consts = {c: consts[c] for c in used if c in consts}
         run = _segment_fn(tuple(group_ops), reads, params, writes, seg_consts)
         segments.append(
@@ -269,6 +277,7 @@ def split(fn: Callable[[Any, Any], Any], params_like: Any, x_like: Any) -> Split
                 reads=reads,
                 params=params,
                 writes=writes,
+                frees=frees,
                 kinds=frozenset(op.primitive.name for op in group_ops) & {_CONV, _DOT},
                 ops=tuple(group_ops),
                 fn=run,
