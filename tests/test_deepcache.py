@@ -17,6 +17,7 @@ from dcjax.kernels import ConvGeometry, plan
 from dcjax.step import mean_of_masks
 from tests.kernels._strategies import all_eqns
 from tests.transforms import small_models
+from tests.translated import nothing_reusable
 
 SIZE = 32
 
@@ -119,7 +120,7 @@ def test_translation_by_total_stride_is_exact(name, direction):
     prev = _photo(SIZE, 3)
     cur, mask = _translate(prev, dy, dx)
     state = cached.init()
-    _, state, _ = cached.step(state, prev)
+    _, state, _ = cached.step(state, prev, match=nothing_reusable(prev.shape))
     match = deepcache.Match(motion=jnp.array([dy, dx]), mask=jnp.asarray(mask))
     out, state, info = cached.step(state, cur, match=match)
     _close(out, ref(cur))
@@ -137,7 +138,7 @@ def test_translation_not_multiple_of_stride_exact_vs_round():
     for alignment in ("exact", "round"):
         cached = _cached("plain", deepcache.Config(alignment=alignment, refresh_every=100))
         state = cached.init()
-        _, state, _ = cached.step(state, prev)
+        _, state, _ = cached.step(state, prev, match=nothing_reusable(prev.shape))
         out, state, info = cached.step(state, cur, match=match)
         fractions[alignment] = np.asarray(info["reuse_fraction"])
         if alignment == "exact":

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 import dcjax
-from tests.translated import translated_pair
+from tests.translated import nothing_reusable, translated_pair
 
 H = W = 16
 C = 3
@@ -185,9 +185,10 @@ def test_a_random_program_reuses_only_what_a_full_recompute_gives(program, k, se
         cached = dcjax.transform(_run_fn(ops), params, frame_shape=(H, W, C), config=config)
     prev, cur, mask = translated_pair((H, W, C), motion, seed)
     state = cached.init()
-    _, state, _ = cached.step(state, jnp.asarray(prev))
+    _, state, _ = cached.step(state, jnp.asarray(prev), match=nothing_reusable((H, W)))
     match = dcjax.Match(motion=jnp.asarray(motion), mask=jnp.asarray(mask))
     out, _, _ = cached.step(state, jnp.asarray(cur), match=match)
+    assert cached.trace_count == 1
     full = np.asarray(_run(ops, params, jnp.asarray(cur)[None]))
     scale = max(1.0, float(np.abs(full).max()))
     np.testing.assert_allclose(np.asarray(out), full, rtol=1e-4, atol=1e-4 * scale,

@@ -17,6 +17,7 @@ import pytest
 from dcjax import Config, transform
 from tests import streams_worker as worker
 from tests.transforms import small_models
+from tests.translated import nothing_reusable
 
 N, T, SIZE = worker.STREAMS, worker.FRAMES, worker.SIZE
 
@@ -189,15 +190,17 @@ def test_given_matches_go_to_each_stream_under_both_schedules():
     clip = _clip()[:2, :3]
     masks = rng.random((3, SIZE, SIZE)) < 0.7
     matches = Match(motion=np.zeros((3, 2), np.int32), mask=masks)
+    # the first steps are given matches too (nothing reusable): one program each
+    nothing = Match(motion=np.zeros((3, 2), np.int32), mask=np.zeros((3, SIZE, SIZE), bool))
     results = {}
     for schedule in ("pooled", "sequential"):
         streams = cached.streams(3, stagger=False, schedule=schedule)
         states = streams.init()
-        _, states, _ = streams.step(states, clip[0])
+        _, states, _ = streams.step(states, clip[0], nothing)
         results[schedule], _, _ = streams.step(states, clip[1], matches)
     for i in range(3):
         state = cached.init()
-        _, state, _ = cached.step(state, clip[0, i])
+        _, state, _ = cached.step(state, clip[0, i], nothing_reusable((SIZE, SIZE)))
         want, _, _ = cached.step(
             state, clip[1, i], Match(motion=np.zeros(2, np.int32), mask=masks[i])
         )

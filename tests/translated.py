@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
+
+import dcjax
 
 
 def translated_pair(shape, motion, seed):
@@ -18,3 +21,11 @@ def translated_pair(shape, motion, seed):
     mask = (yy + dy >= 0) & (yy + dy < h) & (xx + dx >= 0) & (xx + dx < w)
     cur[mask] = prev[(yy + dy)[mask], (xx + dx)[mask]]
     return prev, cur, mask
+
+
+def nothing_reusable(shape) -> dcjax.Match:
+    """A match that lets nothing be reused: given to a stream's first step, whose
+    later steps are given matches, both steps run one compiled program (a step
+    without a match runs the matcher, a second program)."""
+    h, w = shape[:2]
+    return dcjax.Match(motion=jnp.zeros(2, jnp.int32), mask=jnp.zeros((h, w), bool))

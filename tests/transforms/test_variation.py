@@ -21,7 +21,7 @@ from dcjax.transforms import variation
 from dcjax.transforms.analysis import analyze
 from dcjax.transforms.spatial import Spatial
 from dcjax.transforms.trace import trace_model
-from tests.translated import translated_pair
+from tests.translated import nothing_reusable, translated_pair
 
 H, W, C = 24, 24, 3
 DN = ("NHWC", "HWIO", "NHWC")
@@ -50,7 +50,7 @@ def _reuse_errors(fn, params, motions):
     for motion in motions:
         prev, cur, mask = translated_pair((H, W, C), motion, seed=0)
         state = cached.init()
-        _, state, _ = cached.step(state, jnp.asarray(prev))
+        _, state, _ = cached.step(state, jnp.asarray(prev), match=nothing_reusable((H, W)))
         match = dcjax.Match(motion=jnp.asarray(motion), mask=jnp.asarray(mask))
         out, state, info = cached.step(state, jnp.asarray(cur), match=match)
         full = cached.apply(jnp.asarray(cur))

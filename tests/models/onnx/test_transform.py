@@ -9,6 +9,7 @@ import pytest
 from dcjax import deepcache
 from dcjax.models.onnx import from_onnx
 from tests.models.onnx.graphs import rand, save
+from tests.translated import nothing_reusable
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
@@ -98,7 +99,7 @@ def test_a_cached_onnx_model_reuses_where_the_frame_did_not_change(detector):
     mask = np.ones((SIZE, SIZE), bool)
     mask[4:12, 20:28] = False
     state = cached.init()
-    _, state, _ = cached.step(state, prev)
+    _, state, _ = cached.step(state, prev, match=nothing_reusable((SIZE, SIZE)))
     match = deepcache.Match(motion=jnp.zeros(2, jnp.int32), mask=jnp.asarray(mask))
     out, state, info = cached.step(state, cur, match=match)
     _close(out, detector[2](cur))
