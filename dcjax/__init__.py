@@ -14,7 +14,9 @@ What users call:
 - `adaptive` / `Adaptive`: several measured plans of one model, switched at
   run time by the stream's dirty fraction (`AdaptiveStreams`,
   ``adaptive.streams(n)``: many streams of them); `calibrate`: the dirty
-  fractions a few frames show, per layer.
+  fractions a few frames show, per layer;
+- `keep_freed_memory`: let the C library keep freed heap memory for the next
+  frame (`dcjax.allocator`; the ``dcjax`` command does it on start).
 
 Subpackages: `dcjax.matching` (block matchers), `dcjax.transforms` (the jaxpr
 passes), `dcjax.kernels` (masked sparse convolution), `dcjax.models` (Flax
@@ -25,6 +27,7 @@ memory), `dcjax.eval` (the measuring harness and baselines), `dcjax.bench`
 
 __version__ = "0.1.0"
 
+from dcjax.allocator import keep_freed_memory  # noqa: E402
 from dcjax.config import Config, RefineConfig, SemanticConfig  # noqa: E402
 from dcjax.deepcache import CachedModel, calibrate, transform  # noqa: E402
 from dcjax.matching import Match  # noqa: E402
@@ -47,5 +50,6 @@ __all__ = [
     "adaptive",
     "calibrate",
     "exit_point",
+    "keep_freed_memory",
     "transform",
 ]

@@ -1,6 +1,7 @@
 """The ``dcjax`` command's parser and entry point (`main`).
 
-`build_parser` defines the subcommands and their options; `main` parses,
+`build_parser` defines the subcommands and their options; `main` keeps freed
+heap memory for reuse (`dcjax.allocator`, before anything runs), parses,
 points JAX's persistent compilation cache at `compilation_cache_dir`, pins the
 process to ``--cpus`` cores, runs the subcommand (`dcjax.cli.subcommands`,
 `dcjax.cli.evaluation`) and turns Ctrl-C into one line and exit status 130.
@@ -15,6 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from dcjax import allocator
 from dcjax.bench import PROGRAMS, common
 
 __all__ = ["COMPILATION_CACHE_MAX_BYTES", "build_parser", "compilation_cache_dir", "main"]
@@ -266,9 +268,24 @@ def _use_compilation_cache() -> None:
         jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_MAX_BYTES)
 
 
+def _keep_freed_memory() -> str | None:
+    """`dcjax.allocator.keep_freed_memory` with the configured pad; an error line, or None."""
+    try:
+        pad = allocator.configured_pad()
+    except ValueError as e:
+        return str(e)
+    if pad:
+        allocator.keep_freed_memory(pad)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    error = _keep_freed_memory()  # before the first executable runs
+    if error:
+        print(error, file=sys.stderr)
+        return 2
     if len(argv) >= 2 and argv[0] == "bench" and argv[1] in PROGRAMS:
         from dcjax import autotune
 
