@@ -19,9 +19,10 @@ outputs (the same values as ``fn(params, x)``, segment by segment) and a
 
 A value is dropped as soon as the last segment that reads it has been
 dispatched (`Segment.frees`), so a run holds a few activations at a time and
-their buffers are reused. Each segment's run is timed to completion (``block_until_ready``), so ``exec_s``
-is device time plus dispatch; ``load_s`` is the time spent getting each layer
-from the store (a layer already resident costs a lookup). "Release" unpins the
+their buffers are reused. Each segment's run is timed to completion
+(``block_until_ready``), so ``exec_s`` is device time plus dispatch;
+``load_s`` is the time spent getting each layer from the store (a layer
+already resident costs a lookup). "Release" unpins the
 layer: the store keeps it for other models until its budget evicts it. A model
 that cannot be split (`Split.whole`) runs as one segment after every layer is
 loaded, whatever the mode, and `RunTimes.whole` says why.
