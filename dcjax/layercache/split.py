@@ -260,7 +260,7 @@ def split(fn: Callable[[Any, Any], Any], params_like: Any, x_like: Any) -> Split
         later_reads[gi] = set(needed)
         for op in groups[gi][0]:
             needed.update(a for a in op.inputs if not isinstance(a, tuple))
-    inputs = set(in_ids)
+    input_ids = tuple(in_ids[n_params:])  # the model's own inputs, never freed
     segments = []
     for gi, (group_ops, layers) in enumerate(groups):
         defined = {o for op in group_ops for o in op.outputs}
@@ -268,7 +268,7 @@ def split(fn: Callable[[Any, Any], Any], params_like: Any, x_like: Any) -> Split
         params = tuple(sorted(u for u in used if u in layer_by_id))
         reads = tuple(sorted(u for u in used - defined if u not in layer_by_id and u not in consts))
         writes = tuple(sorted(defined & later_reads[gi]))
-        frees = tuple(r for r in reads if r not in later_reads[gi] and r not in inputs)
+        frees = tuple(r for r in reads if r not in later_reads[gi] and r not in input_ids)
         seg_consts = {c: consts[c] for c in used if c in consts}
         run = _segment_fn(tuple(group_ops), reads, params, writes, seg_consts)
         segments.append(
@@ -294,7 +294,7 @@ def split(fn: Callable[[Any, Any], Any], params_like: Any, x_like: Any) -> Split
         segments=tuple(segments),
         param_ids=param_ids,
         leaf_layers=leaf_layers,
-        input_ids=tuple(in_ids[n_params:]),
+        input_ids=input_ids,
         output_ids=tuple(outputs),
         out_tree=out_tree,
         consts=consts,
