@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import hashlib
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -43,7 +44,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from dcjax.config import Config
+from dcjax.kernels import lowering
 from dcjax.kernels import tuning as kt
+from dcjax.kernels.lowering_tuning import LoweringTuning, tune_lowerings
 from dcjax.matching import StreamMatcher
 from dcjax.transforms import queries
 from dcjax.transforms.records import Analysis
@@ -54,8 +57,11 @@ __all__ = [
     "Calibration",
     "Tuning",
     "dense_config",
+    "LOWERING_RACE_CALLS",
+    "Lowerings",
     "matcher_of",
     "may_fall_back",
+    "measure_lowerings",
     "nocache_config",
     "race",
     "stream_fractions",
@@ -69,6 +75,9 @@ PLANS = ("cached", "dense", "nocache")
 
 #: Consecutive pairs of calibration frames the matchers are timed on (`tune_model`).
 MATCH_PAIRS = 8
+
+#: Fewest calls of each dense step in the lowerings' race (`measure_lowerings`).
+LOWERING_RACE_CALLS = 5
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -89,6 +98,8 @@ class Tuning:
             over calibration frames (`race`), where they raced (the tuned
             plan NaN where the measurements had chosen the dense plan); else
             None.
+        lowerings: the dense lowerings' measurements and choices
+            (`measure_lowerings`), where they were measured.
     """
 
     plan: str
@@ -98,6 +109,7 @@ class Tuning:
     measured: int
     seconds: float
     raced: tuple[float, ...] | None = None
+    lowerings: Lowerings | None = None
 
     @property
     def choices(self) -> tuple[kt.KernelChoice | None, ...]:
@@ -109,7 +121,9 @@ class Tuning:
         names = [t.choice.impl for t in self.layers if t is not None]
         counts = ", ".join(f"{n} {names.count(n)}" for n in sorted(set(names)))
         return (
-            f"plan {self.plan}: kernels {counts or 'none'}; expected saving "
+            f"plan {self.plan}: kernels {counts or 'none'}; "
+            + ("" if self.lowerings is None else self.lowerings.summary() + "; ")
+            + "expected saving "
             f"{self.saving * 1e3:.2f} ms a frame against {self.overhead * 1e3:.2f} ms of "
             f"matching ({self.measured} measurements, {self.seconds:.1f} s)"
             + (
@@ -232,10 +246,140 @@ def _matcher_warmups(
     return jobs
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Lowerings:
+    """What `measure_lowerings` measured and decided.
+
+    Attributes:
+        layers: per layer, its lowerings' measurements and the choice traced
+            (`dcjax.kernels.lowering_tuning.LoweringTuning`; the prior's where
+            the race kept it), or None for a layer the sparse kernels do not
+            compute.
+        raced: seconds a call of the dense step with the fixed rules' lowerings
+            and with the measured ones (medians), where they differ; else None.
+        kept: whether the measured lowerings run: they won the race beyond
+            its noise, or none differs from the fixed rules'.
+    """
+
+    layers: tuple[LoweringTuning | None, ...]
+    raced: tuple[float, float] | None = None
+    kept: bool = True
+
+    def summary(self) -> str:
+        """A few words: how many layers take each lowering, how many unlike the prior."""
+        ways = [t.choice for t in self.layers if t is not None]
+        unlike = sum(t.choice != t.prior for t in self.layers if t is not None)
+        counts = ", ".join(f"{n} {ways.count(n)}" for n in sorted(set(ways)))
+        raced = (
+            ""
+            if self.raced is None
+            else f"; dense step {self.raced[1] * 1e3:.2f} ms measured against "
+            f"{self.raced[0] * 1e3:.2f} ms by the fixed rules, "
+            + ("measured kept" if self.kept else "fixed rules kept")
+        )
+        return f"dense lowerings {counts or 'none'} ({unlike} unlike the fixed rules{raced})"
+
+
+def measure_lowerings(
+    analysis: Analysis,
+    leaves: Sequence[Any],
+    *,
+    cache: kt.TuningCache | None = None,
+    progress: bool = True,
+) -> Lowerings:
+    """Each layer's dense lowering measured on this machine and recorded for every
+    later trace (`dcjax.kernels.lowering_tuning.tune_lowerings`), checked on the
+    whole model: where a measured choice differs from the fixed rules', the
+    dense step (`dense_forward` of ``analysis`` with the parameters ``leaves``)
+    with the measured lowerings races the one with the prior's, and the
+    measured set runs only where it wins beyond the race's noise
+    (`_race_lowerings`; a layer's fastest lowering alone need not be the fastest
+    within the network, where XLA:CPU runs other operations beside it:
+    docs/performance-notes.md). The race is kept in ``cache`` (default: the
+    file at `dcjax.kernels.tuning.default_path`) like the measurements.
+    """
+    cache = kt.TuningCache(kt.default_path()) if cache is None else cache
+    plans = queries.layer_tile_plans(analysis)
+    tuned = [i for i, p in enumerate(plans) if p is not None]
+    found = tune_lowerings(
+        [plans[i] for i in tuned], cache=cache,
+        progress=_bar if progress and _PROGRESS.get() else None,
+    )  # fmt: skip
+    raced, kept = None, True
+    if any(t.choice != t.prior for t in found):
+        raced, kept = _race_lowerings(analysis, leaves, [plans[i] for i in tuned], found, cache)
+        if not kept:  # the prior's set: recorded, as measured choices are
+            found = tuple(dataclasses.replace(t, choice=t.prior) for t in found)
+            for i, t in zip(tuned, found, strict=True):
+                lowering.choose(plans[i], t.choice)
+    out: list[LoweringTuning | None] = [None] * len(plans)
+    for i, t in zip(tuned, found, strict=True):
+        out[i] = t
+    return Lowerings(layers=tuple(out), raced=raced, kept=kept)
+
+
+def _race_key(analysis: Analysis, plans) -> str:
+    """The lowerings' race's key in the measurements' file: the model's input
+    and the geometries of its layers."""
+    x_aval = analysis.jaxpr.jaxpr.invars[-1].aval
+    text = "|".join([str(x_aval), *(kt.layer_key(p) for p in plans)])
+    return "dense step " + hashlib.sha1(text.encode()).hexdigest()
+
+
+def _race_lowerings(
+    analysis: Analysis, leaves, plans, found, cache: kt.TuningCache
+) -> tuple[tuple[float, float], bool]:
+    """``((prior, measured), kept)``: seconds a call of the dense step with the
+    prior's lowerings and with the measured ones (medians of calls in turns
+    after a warm-up call each, at least `LOWERING_RACE_CALLS` each and until
+    each has run for half a second, at most four times as many), and whether the
+    measured set is faster beyond the race's noise: the mean of the rounds'
+    paired differences exceeds twice its standard error (one-sided, about
+    97.5 %), so a tie keeps the fixed rules. Read from ``cache`` where this
+    model was raced on this machine."""
+    from dcjax.transforms.interpreter import dense_forward
+
+    x_aval = analysis.jaxpr.jaxpr.invars[-1].aval
+    key = _race_key(analysis, plans)
+    machine = kt.machine_key()
+    got = [cache.get(machine, key, f"lowerings:{s}") for s in ("prior", "measured", "kept")]
+    if all(g is not None for g in got):
+        return (got[0][0], got[1][0]), bool(got[2][0])
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.random(x_aval.shape, np.float32).astype(x_aval.dtype))
+    fns = {}
+    for label in ("prior", "measured"):
+        for p, t in zip(plans, found, strict=True):
+            lowering.choose(p, t.prior if label == "prior" else t.choice)
+        fn = jax.jit(lambda leaves, x: dense_forward(analysis, leaves, x))
+        fns[label] = fn.lower(leaves, x).compile()  # traced with this set recorded
+    times: dict[str, list[float]] = {label: [] for label in fns}
+    for fn in fns.values():  # a warm-up call each
+        jax.block_until_ready(fn(leaves, x))
+    while True:
+        for label, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(leaves, x))
+            times[label].append(time.perf_counter() - t0)
+        n = len(times["prior"])
+        spent = min(sum(v) for v in times.values())
+        if n >= 4 * LOWERING_RACE_CALLS or (n >= LOWERING_RACE_CALLS and spent >= 0.5):
+            break
+    diff = np.asarray(times["prior"]) - np.asarray(times["measured"])
+    kept = bool(diff.mean() > 2 * diff.std(ddof=1) / np.sqrt(len(diff)))
+    medians = (float(np.median(times["prior"])), float(np.median(times["measured"])))
+    cache.put(machine, key, "lowerings:prior", (medians[0],))
+    cache.put(machine, key, "lowerings:measured", (medians[1],))
+    cache.put(machine, key, "lowerings:kept", (float(kept),))
+    cache.save()
+    return medians, kept
+
+
 def tune_model(
     analysis: Analysis,
     config: Config,
     *,
+    leaves: Sequence[Any],
     frame_shape: tuple[int, int, int],
     frame_dtype=jnp.uint8,
     backend: str | None = None,
@@ -250,6 +394,7 @@ def tune_model(
     Args:
         analysis: the analysed model.
         config: its `Config` (``refresh_every``, the matcher).
+        leaves: the model's parameters, flattened (the dense lowerings' race).
         frame_shape: ``(H, W, C)`` of the frames (the matchers are timed on it).
         frame_dtype: the frames' dtype.
         backend: default: jax's default backend.
@@ -277,6 +422,7 @@ def tune_model(
             f"dcjax: tune_model got {len(fractions)} fractions for {len(plans)} layers"
         )
     before = cache.puts
+    lowerings = measure_lowerings(analysis, leaves, cache=cache, progress=progress)
     results = kt.tune(
         [plans[i] for i in tuned],
         backend,
@@ -300,6 +446,7 @@ def tune_model(
         overhead=overhead,
         measured=cache.puts - before,
         seconds=time.perf_counter() - start,
+        lowerings=lowerings,
     )
 
 

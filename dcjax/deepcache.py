@@ -135,13 +135,13 @@ class CachedModel:
         self.calibration: Any = None
         self._streams_fns: dict[tuple, Any] = {}  # `Streams`' jitted steps
         kernels = None
-        if (
-            config.kernel == "auto"
-            and config.semantic is None
-            and resolve_tuning(config.tuning) == "measure"
-        ):
+        measure = resolve_tuning(config.tuning) == "measure"
+        leaves = self._traced.leaves
+        if measure and not (config.kernel == "auto" and config.semantic is None):
+            autotune.measure_lowerings(self._analysis, leaves, progress=progress)  # else tuned
+        if config.kernel == "auto" and config.semantic is None and measure:
             self.tuning = autotune.tune_model(
-                self._analysis, config, frame_shape=self.frame_shape,
+                self._analysis, config, leaves=leaves, frame_shape=self.frame_shape,
                 fractions=tuning_fractions, frames=tuning_frames, progress=progress,
             )  # fmt: skip
             if self.tuning.plan == "dense":

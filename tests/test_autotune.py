@@ -1,6 +1,7 @@
 """The measured plan (`dcjax.autotune`): per-layer kernels from measurements,
 the dense plan where caching cannot pay, calibration on the stream's frames."""
 
+import json
 import time
 import types
 
@@ -12,6 +13,7 @@ import pytest
 
 import dcjax
 from dcjax import autotune
+from dcjax.kernels import lowering
 from dcjax.kernels import tuning as kt
 from tests.tuning_fakes import fake_measurements
 
@@ -211,13 +213,46 @@ def test_real_measurements_are_made_once_and_kept(model, monkeypatch, tmp_path):
     cfg = dcjax.Config(tuning="measure")
     first = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=False)
     assert first.tuning.measured > 0 and (tmp_path / "tuning.json").exists()
-    for t in first.tuning.layers:
-        assert set(t.costs) == {c.name for c in kt.candidates(_plan_of(t, first), "cpu")}
+    for t, lt in zip(first.tuning.layers, first.tuning.lowerings.layers, strict=True):
+        p = _plan_of(t, first)
+        assert set(t.costs) == {c.name for c in kt.candidates(p, "cpu")}
         assert all(len(v) == len(kt.FRACTIONS) and min(v) > 0 for v in t.costs.values())
+        # the dense candidate is the measured lowering
+        assert set(lt.costs) == set(lowering.lowerings(p)) and min(lt.costs.values()) > 0
+        assert t.lowering == lt.choice == lowering.chosen(p)
+        assert t.costs["dense"] == (lt.costs[lt.choice],) * len(kt.FRACTIONS)
+    assert "dense lowerings" in first.tuning.summary()
     second = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=False)
     assert second.tuning.measured == 0
     assert second.tuning.choices == first.tuning.choices
+    assert second.tuning.lowerings == first.tuning.lowerings
     _check_outputs(second, net, variables, _frames())
+
+
+@pytest.mark.parametrize("tuning", ["measure", "prior"])
+def test_fixed_kernels_still_take_measured_lowerings(model, monkeypatch, tmp_path, tuning):
+    """A fixed kernel choice measures no kernel, but under ``tuning="measure"`` each
+    layer's dense lowering is measured and recorded; under ``"prior"`` nothing is."""
+    path = tmp_path / "tuning.json"
+    monkeypatch.setenv(kt.CACHE_ENV, str(path))
+    net, variables = model
+    cfg = dcjax.Config(kernel="xla", tuning=tuning)
+    cached = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=False)
+    assert cached.tuning is None
+    from dcjax.transforms import queries
+
+    plans = [p for p in queries.layer_tile_plans(cached._analysis) if p is not None]
+    names = set()
+    if path.exists():
+        for layers in json.loads(path.read_text())["machines"].values():
+            names |= {n for per in layers.values() for n in per}
+    if tuning == "measure":
+        names = {n for n in names if n.startswith(kt.LOWERING_PREFIX)}  # the race aside
+        assert names == {kt.LOWERING_PREFIX + h for p in plans for h in lowering.lowerings(p)}
+    else:
+        assert names == set()
+        assert all(lowering.chosen(p) == lowering.prior(p) for p in plans)
+    _check_outputs(cached, net, variables, _frames())
 
 
 def _plan_of(t, cached):
@@ -416,3 +451,46 @@ def test_progress_bars_false_silences_the_tuning_bars(model, monkeypatch, tmp_pa
     monkeypatch.setenv(kt.CACHE_ENV, str(tmp_path / "shown.json"))
     dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=True)
     assert "compiling" in shown and "timing" in shown
+
+
+@pytest.mark.parametrize("verdict", ["prior", "measured", "race"])
+def test_measured_lowerings_run_only_where_the_whole_dense_step_is_faster(model, tmp_path, verdict):
+    """A layer measured fastest by another lowering than the fixed rules' makes the
+    dense step with the measured set race the one with the prior's; the slower set
+    is dropped, and the race is kept in the file."""
+    from dcjax.transforms import queries
+
+    net, variables = model
+    cached = dcjax.transform(
+        net, variables, frame_shape=SHAPE, config=dcjax.Config(tuning="prior"), progress=False
+    )
+    analysis, leaves = cached._analysis, cached._traced.leaves
+    plans = [p for p in queries.layer_tile_plans(analysis) if p is not None]
+    priors = [lowering.prior(p) for p in plans]
+    assert priors[1] == "conv"  # 3x3 on 8 channels (24x24): XLA's convolution
+    cache = kt.TuningCache(tmp_path / "t.json")
+    machine = kt.machine_key()
+    for i, p in enumerate(plans):  # each layer's prior fastest, but the second's "dot"
+        fastest = "dot" if i == 1 else priors[i]
+        for h in lowering.lowerings(p):
+            cache.put(
+                machine, kt.layer_key(p), kt.LOWERING_PREFIX + h, (1e-3 if h == fastest else 2e-3,)
+            )
+    if verdict != "race":
+        key = autotune._race_key(analysis, plans)
+        won, lost = ("prior", "measured") if verdict == "prior" else ("measured", "prior")
+        cache.put(machine, key, f"lowerings:{won}", (1e-3,))
+        cache.put(machine, key, f"lowerings:{lost}", (2e-3,))
+        cache.put(machine, key, "lowerings:kept", (float(verdict == "measured"),))
+    puts = cache.puts
+    got = autotune.measure_lowerings(analysis, leaves, cache=cache, progress=False)
+    assert got.raced is not None and min(got.raced) > 0
+    kept = got.kept
+    assert verdict == "race" or kept is (verdict == "measured")
+    key = autotune._race_key(analysis, plans)
+    assert cache.get(machine, key, "lowerings:kept") == (float(kept),)  # kept in the file
+    assert cache.puts == puts + (3 if verdict == "race" else 0)  # the race, run once
+    want = [("dot" if i == 1 and kept else priors[i]) for i in range(len(plans))]
+    assert [t.choice for t in got.layers if t is not None] == want
+    assert [lowering.chosen(p) for p in plans] == want
+    assert "unlike the fixed rules" in got.summary()

@@ -22,4 +22,8 @@ def fake_measurements(monkeypatch, path, costs, matcher=None):
     monkeypatch.setattr(autotune, "_matcher_cost", lambda m, *a: matcher.get(m.name, 1e-6))
     monkeypatch.setattr(autotune, "_matcher_cost_on", lambda m, *a: matcher.get(m.name, 1e-6))
     monkeypatch.setattr(autotune, "_matcher_warmups", lambda *a: [])
+    # the dense candidate keeps its faked cost: no lowering is measured
+    monkeypatch.setattr(
+        autotune, "measure_lowerings", lambda *a, **k: autotune.Lowerings(layers=())
+    )
     return matcher

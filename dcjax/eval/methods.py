@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dcjax import deepcache
+from dcjax import autotune, deepcache
 from dcjax import kernels as _kernels
 from dcjax.config import Config
 from dcjax.eval.metrics import PLAIN_FORMS
@@ -42,6 +42,7 @@ from dcjax.eval.registry import (
     one_of,
     register_method,
 )
+from dcjax.kernels.tuning import resolve_tuning
 from dcjax.transforms.analysis import analyze
 from dcjax.transforms.interpreter import dense_forward
 from dcjax.transforms.spatial import Spatial
@@ -140,6 +141,8 @@ def fast_apply(spec: ModelSpec) -> tuple[Callable[[Any, jax.Array], Any], list]:
     k = len(traced.leaves)
     frame_sig = Spatial(axes=(1, 2), size=spec.frame_shape[:2], stride=(1, 1))
     analysis = analyze(traced.jaxpr, [None] * k + [frame_sig], [False] * k + [True])
+    if resolve_tuning(None) == "measure":  # the lowerings the transform would take
+        autotune.measure_lowerings(analysis, traced.leaves)
 
     def apply(leaves, frame):
         x = spec.model_input(jnp.asarray(frame))

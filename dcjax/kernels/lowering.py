@@ -2,13 +2,21 @@
 
 Contract: `valid_conv` and `dense_conv` equal `lax.conv_general_dilated`
 (VALID on pre-padded windows, and with the layer's padding, respectively) up
-to fp rounding. On CPU they rewrite the shapes XLA:CPU's convolution runs
-slowly (grouped and depthwise convolutions, 1x1 and small-map ones, RGB inputs
-with few or 17-32 outputs) as a sum over taps, one convolution per group, a
-matrix product of patches or a convolution with a zero fourth channel; the
-``*_pays`` predicates say which, each a measured decision in
-docs/performance-notes.md. The masked kernels (`dcjax.kernels.xla`,
-`dcjax.kernels.rows`, `dcjax.kernels.chain`) and their dense paths share them;
+to fp rounding, whichever lowering computes them. The lowerings
+(`LOWERINGS`; `lowerings(p)` lists those that apply to a layer) rewrite the
+shapes XLA:CPU's convolution runs slowly: ``"dot"`` a matrix product of
+patches (`conv_as_dot`), ``"taps"`` a sum over kernel taps (depthwise layers,
+and ungrouped ones on at most `TAPS_MAX_TERMS` inputs per output),
+``"groups"`` one convolution per group, ``"rgb"`` a zero fourth input
+channel; ``"conv"`` is XLA's own convolution.
+
+Which lowering a layer takes (`chosen`): the one measured fastest on this
+machine for its geometry and dtype, where `dcjax.kernels.lowering_tuning`
+has measured it in this process (`choose`); else `prior`, the rules measured
+once on a 2-core machine (the ``*_pays`` predicates, docs/performance-notes.md;
+``"conv"`` off CPU). The masked kernels (`dcjax.kernels.xla`,
+`dcjax.kernels.rows`, `dcjax.kernels.chain`), their dense paths and the dense
+step all ask `chosen`, so a layer is computed the same way on every path;
 `dcjax.transforms.lowering` does the same for the primitives that are not
 convolutions.
 """
@@ -27,20 +35,89 @@ from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.reference import DIMENSION_NUMBERS
 
 __all__ = [
+    "LOWERINGS",
     "TAPS_MAX_COUT",
     "TAPS_MAX_TERMS",
+    "choose",
+    "chosen",
     "conv_as_dot",
     "dense_conv",
     "dot_pays",
+    "forget_choices",
     "group_weights",
+    "lowerings",
+    "prior",
     "rgb_pays",
     "taps_pays",
     "valid_conv",
 ]
 
+#: The ways `dense_conv` and `valid_conv` compute a convolution (module docstring).
+LOWERINGS: tuple[str, ...] = ("conv", "dot", "taps", "groups", "rgb")
 
-def group_weights(w: jax.Array, p: _tiles.TilePlan, fast: bool) -> jax.Array | tuple:
-    """``w``, or its per-group slices where `valid_conv` convolves group by group.
+#: Geometry and dtype (`dcjax.kernels.tiles.layer_key`) -> the lowering measured
+#: fastest on this machine (`choose`).
+_CHOSEN: dict[str, str] = {}
+
+
+def lowerings(p: _tiles.TilePlan) -> tuple[str, ...]:
+    """The lowerings that can compute the layer ``p``: ``"conv"`` always; an
+    ungrouped layer also ``"dot"``, ``"rgb"`` on 3 input channels and
+    ``"taps"`` with a kernel larger than 1x1 on at most `TAPS_MAX_TERMS` inputs
+    per output; a depthwise layer (one input channel per group) ``"taps"``,
+    another grouped one ``"groups"``."""
+    if p.groups > 1:
+        return ("conv", "taps" if p.cin == p.groups else "groups")
+    out = ["conv", "dot"]
+    if p.kh * p.kw > 1 and p.kh * p.kw * p.cin <= TAPS_MAX_TERMS:
+        out.append("taps")
+    if p.cin == 3:
+        out.append("rgb")
+    return tuple(out)
+
+
+def prior(p: _tiles.TilePlan) -> str:
+    """The lowering of ``p`` by the fixed rules: on CPU a grouped layer's own
+    (``"taps"`` or ``"groups"``), else ``"taps"``, ``"dot"`` or ``"rgb"`` where
+    `taps_pays`, `dot_pays` or `rgb_pays` says so, else ``"conv"``; ``"conv"``
+    on other backends."""
+    if jax.default_backend() != "cpu":
+        return "conv"
+    if p.groups > 1:
+        return lowerings(p)[1]
+    if taps_pays(p):
+        return "taps"
+    if dot_pays(p):
+        return "dot"
+    return "rgb" if rgb_pays(p) else "conv"
+
+
+def choose(p: _tiles.TilePlan, how: str, dtype=jnp.float32) -> None:
+    """Record ``how`` as the lowering of every layer of ``p``'s geometry and
+    ``dtype`` traced from now on in this process (the measured choice:
+    `dcjax.kernels.lowering_tuning`)."""
+    if how not in lowerings(p):
+        raise ValueError(
+            f"dcjax: lowering {how!r} cannot compute {_tiles.layer_key(p, dtype)}; "
+            f"one of {lowerings(p)}"
+        )
+    _CHOSEN[_tiles.layer_key(p, dtype)] = how
+
+
+def chosen(p: _tiles.TilePlan, dtype=jnp.float32) -> str:
+    """The lowering of the layer ``p`` at ``dtype``: the measured one where
+    `choose` recorded it, else `prior`."""
+    return _CHOSEN.get(_tiles.layer_key(p, dtype)) or prior(p)
+
+
+def forget_choices() -> None:
+    """Drop every recorded choice: later traces take `prior` until measured again."""
+    _CHOSEN.clear()
+
+
+def group_weights(w: jax.Array, p: _tiles.TilePlan, how: str) -> jax.Array | tuple:
+    """``w``, or its per-group slices where `valid_conv` convolves group by group
+    (lowering ``how`` is ``"groups"``).
 
     The tile kernel calls it in `sparse_or_dense`'s ``prepare``, once a frame
     and only when the sparse path runs: sliced inside the sparse loop the
@@ -49,29 +126,30 @@ def group_weights(w: jax.Array, p: _tiles.TilePlan, fast: bool) -> jax.Array | t
     weights are sliced once a frame, around the sparse loop (group_weights)").
     """
     g, cig = p.groups, w.shape[2]
-    if not (fast and g > 1 and cig > 1):
+    if not (how == "groups" and g > 1 and cig > 1):
         return w
     cog = p.cout // g
     return tuple(w[..., i * cog : (i + 1) * cog] for i in range(g))
 
 
-def valid_conv(x: jax.Array, w: jax.Array | tuple, p: _tiles.TilePlan, fast: bool) -> jax.Array:
-    """VALID convolution of ``x`` with the plan's strides, dilation and groups.
+def valid_conv(x: jax.Array, w: jax.Array | tuple, p: _tiles.TilePlan, how: str) -> jax.Array:
+    """VALID convolution of ``x`` with the plan's strides, dilation and groups,
+    by the lowering ``how`` (`LOWERINGS`).
 
-    With ``fast`` (used on CPU, where XLA's grouped convolution is slow) grouped
-    convolutions are rewritten: depthwise ones (one input channel per group) as
-    a sum over kernel taps of strided slices times per-channel weights, other
-    grouped ones as one convolution per group, concatenated; ungrouped ones
-    that `taps_pays` picks (3x3 on RGB to few outputs) as a sum over taps and
-    input channels of a slice's channel times its row of weights. Same result as
-    `lax.conv_general_dilated` up to fp rounding. ``w`` may be `group_weights`'
-    per-group slices.
+    ``"taps"``: a depthwise layer (one input channel per group) as a sum over
+    kernel taps of strided slices times per-channel weights, an ungrouped one
+    as a sum over taps and input channels of a slice's channel times its row
+    of weights (accumulated in float32 at least); ``"groups"``: one
+    convolution per group, concatenated; ``"rgb"``: with a zero fourth input
+    channel; ``"conv"`` and ``"dot"`` (which has no VALID form here): XLA's
+    convolution. Same result as `lax.conv_general_dilated` up to fp rounding.
+    ``w`` may be `group_weights`' per-group slices.
     """
     g = p.groups
     if isinstance(w, tuple):
         return _per_group(x, w, p)
     cig = w.shape[2]
-    if fast and g > 1 and cig == 1:
+    if how == "taps" and g > 1 and cig == 1:
         mult = p.cout // g
         if mult > 1:
             x = jnp.repeat(x, mult, axis=-1)
@@ -79,7 +157,7 @@ def valid_conv(x: jax.Array, w: jax.Array | tuple, p: _tiles.TilePlan, fast: boo
         return _tap_sum(
             x, p, lambda sl, ky, kx: sl.astype(out_dtype) * w[ky, kx, 0].astype(out_dtype)
         )
-    if fast and g == 1 and taps_pays(p):
+    if how == "taps" and g == 1:
         out_dtype = jnp.result_type(x.dtype, w.dtype)
         acc = jnp.promote_types(out_dtype, jnp.float32)  # as a convolution accumulates
 
@@ -89,9 +167,9 @@ def valid_conv(x: jax.Array, w: jax.Array | tuple, p: _tiles.TilePlan, fast: boo
             return functools.reduce(operator.add, parts)
 
         return _tap_sum(x, p, term).astype(out_dtype)
-    if fast and g > 1:
-        return _per_group(x, group_weights(w, p, fast), p)
-    if fast and rgb_pays(p):
+    if how == "groups" and g > 1:
+        return _per_group(x, group_weights(w, p, how), p)
+    if how == "rgb" and g == 1:
         x, w = _rgb_padded(x, w)
     return lax.conv_general_dilated(
         x,
@@ -234,16 +312,18 @@ def conv_as_dot(x: jax.Array, w: jax.Array, p: _tiles.TilePlan) -> jax.Array:
     return out.reshape(n, p.ho, p.wo, p.cout)
 
 
-def dense_conv(x: jax.Array, w: jax.Array, p: _tiles.TilePlan) -> jax.Array:
-    """The whole convolution; on CPU grouped ones and those `taps_pays` picks by
-    `valid_conv`'s fast path, ungrouped ones as a matrix product where
-    `dot_pays` and with a zero input channel where `rgb_pays`."""
+def dense_conv(x: jax.Array, w: jax.Array, p: _tiles.TilePlan, how: str | None = None) -> jax.Array:
+    """The whole convolution by the lowering ``how`` (default: `chosen` for
+    ``p`` and the operands' dtype): ``"dot"`` as `conv_as_dot`, ``"taps"`` and
+    ``"groups"`` by `valid_conv` on the padded input, ``"rgb"`` with a zero
+    fourth input channel, ``"conv"`` as XLA's convolution."""
     out_dtype = jnp.result_type(x.dtype, w.dtype)
-    if jax.default_backend() == "cpu" and (p.groups > 1 or taps_pays(p)):
-        return valid_conv(_tiles.pad_input(x, p), w, p, True).astype(out_dtype)
-    if jax.default_backend() == "cpu" and dot_pays(p):
+    how = chosen(p, out_dtype) if how is None else how
+    if how in ("taps", "groups"):
+        return valid_conv(_tiles.pad_input(x, p), w, p, how).astype(out_dtype)
+    if how == "dot":
         return conv_as_dot(x, w, p).astype(out_dtype)
-    if jax.default_backend() == "cpu" and rgb_pays(p):
+    if how == "rgb":
         x, w = _rgb_padded(x, w)
     return lax.conv_general_dilated(
         x,

@@ -159,26 +159,20 @@ def masked_conv(
 def dense_conv_eqn(eqn, invals) -> jax.Array:
     """A ``conv_general_dilated`` equation computed in full, as the dense path does.
 
-    On CPU, XLA's grouped (and depthwise) convolutions are slow, and so are
-    ungrouped ones whose weights are large against the map or that map 3
-    channels to few outputs; NHWC/HWIO grouped convolutions and those
-    `dcjax.kernels.lowering.dot_pays`, `dcjax.kernels.lowering.rgb_pays` or
-    `dcjax.kernels.lowering.taps_pays` picks go through
-    `dcjax.kernels.lowering.dense_conv` (the sparse kernels' own dense path),
-    everything else is bound as it is. The no-cache baseline and the semantic
-    exits use this so they compute convolutions the way the cached step does.
+    An NHWC/HWIO convolution goes through `dcjax.kernels.lowering.dense_conv`
+    (the sparse kernels' own dense path) where its lowering
+    (`dcjax.kernels.lowering.chosen`: measured on this machine, else the
+    fixed rules) is not XLA's convolution; everything else is bound as it is.
+    The no-cache baseline and the semantic exits use this so they compute
+    convolutions the way the cached step does.
     """
     p = eqn.params
     x, w = invals
-    if nhwc_conv(p) and jax.default_backend() == "cpu":
+    if nhwc_conv(p):
         tp = _tiles.plan(x.shape, w.shape, ConvGeometry.from_params(p))
-        if (
-            tp.groups > 1
-            or _lowering.dot_pays(tp)
-            or _lowering.rgb_pays(tp)
-            or _lowering.taps_pays(tp)
-        ):
-            return dense_conv(x, w, tp)
+        how = _lowering.chosen(tp, jnp.result_type(x.dtype, w.dtype))
+        if how != "conv":
+            return dense_conv(x, w, tp, how)
     return eqn.primitive.bind(x, w, **p)
 
 

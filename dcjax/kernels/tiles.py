@@ -58,6 +58,7 @@ __all__ = [
     "dirty_fraction",
     "dirty_tile_indices",
     "dirty_tile_list",
+    "layer_key",
     "normalize_padding",
     "pad_input",
     "plan",
@@ -183,6 +184,15 @@ def default_tile(ho: int, wo: int, kh: int = 1, kw: int = 1) -> tuple[int, int]:
         return math.ceil(s / math.ceil(s / t))
 
     return side(ho), side(wo)
+
+
+def layer_key(p: TilePlan, dtype=jnp.float32) -> str:
+    """The layer's geometry and dtype as a string: what a measurement of a way to
+    compute it depends on (`dcjax.kernels.tuning`, `dcjax.kernels.lowering`)."""
+    return (
+        f"n{p.n} {p.h}x{p.w}x{p.cin} -> {p.ho}x{p.wo}x{p.cout} k{p.kh}x{p.kw} "
+        f"s{p.strides} pad{p.pads} d{p.dilation} g{p.groups} {jnp.dtype(dtype).name}"
+    )
 
 
 def plan(

@@ -23,7 +23,10 @@ Contract:
   to 1), with one frame in ``refresh_every`` fully dirty.
 - `tune(plans, backend, ...)` measures (or reads) every candidate of every
   layer and returns a `LayerTuning` per layer: its candidates' costs and the
-  choice of least expected cost.
+  choice of least expected cost. Where the layer's dense lowering was
+  measured (`dcjax.kernels.lowering_tuning`, run first), the dense
+  candidate's cost is that measurement at every fraction and it is not
+  compiled again.
 
 Nothing here knows about models or streams: `dcjax.autotune` decides per
 model (which fractions, whether the cached plan beats the dense one).
@@ -46,20 +49,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from dcjax.kernels import auto as _auto
+from dcjax.kernels import lowering as _lowering
 from dcjax.kernels import rows as _rows
 from dcjax.kernels.masked import masked_conv
-from dcjax.kernels.tiles import TilePlan
+from dcjax.kernels.tiles import TilePlan, layer_key
 
 __all__ = [
     "CACHE_ENV",
     "FRACTIONS",
     "TUNINGS",
     "TUNING_ENV",
+    "LOWERING_PREFIX",
     "KernelChoice",
     "LayerTuning",
     "TuningCache",
     "blob_mask",
     "candidates",
+    "cores",
     "default_path",
     "expected_cost",
     "layer_key",
@@ -72,6 +78,10 @@ __all__ = [
 #: Dirty fractions of a layer's output at which each candidate is timed; the
 #: cost between them is linear (`expected_cost`).
 FRACTIONS: tuple[float, ...] = (0.0, 0.125, 0.25, 0.5, 1.0)
+
+#: Candidate names, in the measurements' file, of a layer's dense lowerings
+#: (`dcjax.kernels.lowering_tuning`): ``"lowering:dot"``.
+LOWERING_PREFIX = "lowering:"
 
 #: Environment variable naming the measurements' file (`default_path`).
 CACHE_ENV = "DCJAX_TUNING_CACHE"
@@ -133,12 +143,16 @@ class LayerTuning:
         expected: candidate name -> `expected_cost` at the layer's fraction.
         choice: the candidate of least expected cost.
         fraction: the dirty fraction it was chosen for (None: all fractions).
+        lowering: how the layer is computed in full, by the dense candidate and
+            the sparse kernels' dense paths (`dcjax.kernels.lowering.chosen`
+            when it was tuned).
     """
 
     costs: Mapping[str, tuple[float, ...]]
     expected: Mapping[str, float]
     choice: KernelChoice
     fraction: float | None
+    lowering: str = "conv"
 
     @property
     def dense_cost(self) -> float:
@@ -272,27 +286,19 @@ def machine_key() -> str:
         (
             jax.default_backend(),
             str(getattr(device, "device_kind", "?")),
-            f"{_cores()} cores",
+            f"{cores()} cores",
             f"jax {jax.__version__}",
             f"jaxlib {jaxlib.__version__}",
         )
     )
 
 
-def _cores() -> int:
+def cores() -> int:
     """Cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
-
-
-def layer_key(p: TilePlan, dtype=jnp.float32) -> str:
-    """The layer's geometry as a string: what its measurements depend on."""
-    return (
-        f"n{p.n} {p.h}x{p.w}x{p.cin} -> {p.ho}x{p.wo}x{p.cout} k{p.kh}x{p.kw} "
-        f"s{p.strides} pad{p.pads} d{p.dilation} g{p.groups} {jnp.dtype(dtype).name}"
-    )
 
 
 def default_path() -> Path:
@@ -386,8 +392,12 @@ def tune(
     for p, sc in zip(plans, scattered, strict=True):
         key = layer_key(p)
         cands = candidates(p, backend, sc)
-        per_layer.append((key, cands))
+        # the dense candidate is the layer's lowering, where that was measured
+        lowered = cache.get(machine, key, LOWERING_PREFIX + _lowering.chosen(p))
+        per_layer.append((p, key, cands, lowered))
         for c in cands:
+            if c.impl == "dense" and lowered is not None:
+                continue
             if cache.get(machine, key, c.name) is None:
                 todo[(key, c.name)] = (p, c)
     items = list(todo.items())
@@ -402,7 +412,7 @@ def tune(
         if key not in inputs:
             inputs[key] = _inputs(p)
     by_layer: dict[str, dict[str, tuple]] = {}
-    with concurrent.futures.ThreadPoolExecutor(max(1, _cores())) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max(1, cores())) as pool:
         extra = [pool.submit(job) for job in precompile]
         futures = {
             pool.submit(_compiled, p, c, *inputs[key]): (key, name) for (key, name), (p, c) in items
@@ -422,9 +432,22 @@ def tune(
             cache.put(machine, key, name, costs)
     cache.save()
     out = []
-    for (key, cands), fraction in zip(per_layer, fractions, strict=True):
-        costs = {c.name: cache.get(machine, key, c.name) for c in cands}
+    for (p, key, cands, lowered), fraction in zip(per_layer, fractions, strict=True):
+        costs = {
+            c.name: lowered * len(FRACTIONS)
+            if c.impl == "dense" and lowered is not None
+            else cache.get(machine, key, c.name)
+            for c in cands
+        }
         expected = {name: expected_cost(v, fraction, refresh_every) for name, v in costs.items()}
         best = min(cands, key=lambda c: expected[c.name])
-        out.append(LayerTuning(costs=costs, expected=expected, choice=best, fraction=fraction))
+        out.append(
+            LayerTuning(
+                costs=costs,
+                expected=expected,
+                choice=best,
+                fraction=fraction,
+                lowering=_lowering.chosen(p),
+            )
+        )
     return tuple(out)

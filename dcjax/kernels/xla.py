@@ -42,7 +42,7 @@ from jax import lax
 from dcjax._loops import pinned, run_if
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.geometry import ConvGeometry, Epilogue
-from dcjax.kernels.lowering import dense_conv, group_weights, valid_conv
+from dcjax.kernels.lowering import chosen, dense_conv, group_weights, valid_conv
 from dcjax.kernels.reference import conv
 
 __all__ = [
@@ -191,14 +191,14 @@ def _masked_conv_unbatched(
     p: _tiles.TilePlan,
     fn: Callable[..., jax.Array] | None = None,
 ) -> jax.Array:
-    fast = jax.default_backend() == "cpu"
     out_dtype = jnp.result_type(x.dtype, w.dtype)
+    how = chosen(p, out_dtype)
     dirty = _tiles.tile_dirty(reuse_mask, p)
     use_dense, units = _tiles.schedule(dirty.sum(), p)
 
     def step(out, start, size, xp, w, origins, epi_ops):
         o = lax.dynamic_slice_in_dim(origins, start, size)
-        fresh = valid_conv(gather_windows(xp, o, p), w, p, fast)
+        fresh = valid_conv(gather_windows(xp, o, p), w, p, how)
         ops, pix = epi_ops
         pix = tuple(gather_tiles(q, o, p.th, p.tw) for q in pix)
         return scatter_tiles(out, o, apply_epilogue(fn, fresh.astype(out_dtype), ops, pix))
@@ -208,7 +208,7 @@ def _masked_conv_unbatched(
 
     def prepare(x, w, dirty, epi_ops):  # once a frame: the dirty list, padding, group slices
         origins = _tiles.dirty_tile_list(dirty, p, p.capacity)
-        return _tiles.pad_input(x, p), group_weights(w, p, fast), origins, epi_ops
+        return _tiles.pad_input(x, p), group_weights(w, p, how), origins, epi_ops
 
     return sparse_or_dense(
         cached.astype(out_dtype), units, p.sizes, step, use_dense, dense,
