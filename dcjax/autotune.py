@@ -36,7 +36,7 @@ import contextvars
 import dataclasses
 import hashlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -251,19 +251,22 @@ class Lowerings:
     """What `measure_lowerings` measured and decided.
 
     Attributes:
-        layers: per layer, its lowerings' measurements and the choice traced
-            (`dcjax.kernels.lowering_tuning.LoweringTuning`; the prior's where
-            the race kept it), or None for a layer the sparse kernels do not
-            compute.
+        layers: per layer, its lowerings' measurements and the choice that
+            runs (`dcjax.kernels.lowering_tuning.LoweringTuning`; the prior's
+            where the race kept the fixed rules), or None for a layer the
+            sparse kernels do not compute.
         raced: seconds a call of the dense step with the fixed rules' lowerings
             and with the measured ones (medians), where they differ; else None.
         kept: whether the measured lowerings run: they won the race beyond
             its noise, or none differs from the fixed rules'.
+        choices: what the model is traced with (a mapping for
+            `dcjax.kernels.lowering.use`; empty where the fixed rules run).
     """
 
     layers: tuple[LoweringTuning | None, ...]
     raced: tuple[float, float] | None = None
     kept: bool = True
+    choices: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def summary(self) -> str:
         """A few words: how many layers take each lowering, how many unlike the prior."""
@@ -287,79 +290,80 @@ def measure_lowerings(
     cache: kt.TuningCache | None = None,
     progress: bool = True,
 ) -> Lowerings:
-    """Each layer's dense lowering measured on this machine and recorded for every
-    later trace (`dcjax.kernels.lowering_tuning.tune_lowerings`), checked on the
-    whole model: where a measured choice differs from the fixed rules', the
-    dense step (`dense_forward` of ``analysis`` with the parameters ``leaves``)
-    with the measured lowerings races the one with the prior's, and the
-    measured set runs only where it wins beyond the race's noise
-    (`_race_lowerings`; a layer's fastest lowering alone need not be the fastest
-    within the network, where XLA:CPU runs other operations beside it:
+    """Each layer's dense lowering measured on this machine
+    (`dcjax.kernels.lowering_tuning.tune_lowerings`) and checked on the whole
+    model: where a measured choice differs from the fixed rules', the dense
+    step (`dense_forward` of ``analysis`` with the parameters ``leaves``) with
+    the measured lowerings races the one with the prior's, and the measured
+    set runs only where it wins beyond the race's noise (`_race_lowerings`; a
+    layer's fastest lowering alone need not be the fastest within the
+    network, where XLA:CPU runs other operations beside it:
     docs/performance-notes.md). The race is kept in ``cache`` (default: the
     file at `dcjax.kernels.tuning.default_path`) like the measurements.
+    Nothing is recorded outside the result: the caller traces the model
+    within ``lowering.use(result.choices)``.
     """
     cache = kt.TuningCache(kt.default_path()) if cache is None else cache
     plans = queries.layer_tile_plans(analysis)
     tuned = [i for i, p in enumerate(plans) if p is not None]
+    layer_plans = [plans[i] for i in tuned]
     found = tune_lowerings(
-        [plans[i] for i in tuned], cache=cache,
-        progress=_bar if progress and _PROGRESS.get() else None,
-    )  # fmt: skip
+        layer_plans, cache=cache, progress=_bar if progress and _PROGRESS.get() else None
+    )
+    measured = lowering.choices((p, t.choice) for p, t in zip(layer_plans, found, strict=True))
     raced, kept = None, True
     if any(t.choice != t.prior for t in found):
-        raced, kept = _race_lowerings(analysis, leaves, [plans[i] for i in tuned], found, cache)
-        if not kept:  # the prior's set: recorded, as measured choices are
+        raced, kept = _race_lowerings(analysis, leaves, layer_plans, measured, cache)
+        if not kept:
             found = tuple(dataclasses.replace(t, choice=t.prior) for t in found)
-            for i, t in zip(tuned, found, strict=True):
-                lowering.choose(plans[i], t.choice)
     out: list[LoweringTuning | None] = [None] * len(plans)
     for i, t in zip(tuned, found, strict=True):
         out[i] = t
-    return Lowerings(layers=tuple(out), raced=raced, kept=kept)
+    choices = measured if kept and raced is not None else {}
+    return Lowerings(layers=tuple(out), raced=raced, kept=kept, choices=choices)
 
 
-def _race_key(analysis: Analysis, plans) -> str:
-    """The lowerings' race's key in the measurements' file: the model's input
-    and the geometries of its layers."""
-    x_aval = analysis.jaxpr.jaxpr.invars[-1].aval
-    text = "|".join([str(x_aval), *(kt.layer_key(p) for p in plans)])
+def _race_key(analysis: Analysis, plans, measured: Mapping[str, str]) -> str:
+    """The lowerings' race's key in the measurements' file: the model (its jaxpr,
+    which holds its input's and layers' shapes) and the measured set raced."""
+    text = "|".join([str(analysis.jaxpr.jaxpr), *(f"{k}={v}" for k, v in sorted(measured.items()))])
     return "dense step " + hashlib.sha1(text.encode()).hexdigest()
 
 
 def _race_lowerings(
-    analysis: Analysis, leaves, plans, found, cache: kt.TuningCache
+    analysis: Analysis, leaves, plans, measured: Mapping[str, str], cache: kt.TuningCache
 ) -> tuple[tuple[float, float], bool]:
     """``((prior, measured), kept)``: seconds a call of the dense step with the
-    prior's lowerings and with the measured ones (medians of calls in turns
-    after a warm-up call each, at least `LOWERING_RACE_CALLS` each and until
-    each has run for half a second, at most four times as many), and whether the
-    measured set is faster beyond the race's noise: the mean of the rounds'
-    paired differences exceeds twice its standard error (one-sided, about
-    97.5 %), so a tie keeps the fixed rules. Read from ``cache`` where this
-    model was raced on this machine."""
+    prior's lowerings and with the ``measured`` ones (medians of calls in turns,
+    the order alternating, after a warm-up call each; at least
+    `LOWERING_RACE_CALLS` each and until each has run for half a second, at
+    most four times as many), and whether the measured set is faster beyond
+    the race's noise: the mean of the rounds' paired differences exceeds twice
+    its standard error (one-sided, about 94 % with 5 rounds and 97 % with 20),
+    so a tie keeps the fixed rules. Read from ``cache`` where this model and
+    set were raced on this machine."""
     from dcjax.transforms.interpreter import dense_forward
 
-    x_aval = analysis.jaxpr.jaxpr.invars[-1].aval
-    key = _race_key(analysis, plans)
+    key = _race_key(analysis, plans, measured)
     machine = kt.machine_key()
     got = [cache.get(machine, key, f"lowerings:{s}") for s in ("prior", "measured", "kept")]
     if all(g is not None for g in got):
         return (got[0][0], got[1][0]), bool(got[2][0])
+    x_aval = analysis.jaxpr.jaxpr.invars[-1].aval
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.random(x_aval.shape, np.float32).astype(x_aval.dtype))
     fns = {}
-    for label in ("prior", "measured"):
-        for p, t in zip(plans, found, strict=True):
-            lowering.choose(p, t.prior if label == "prior" else t.choice)
-        fn = jax.jit(lambda leaves, x: dense_forward(analysis, leaves, x))
-        fns[label] = fn.lower(leaves, x).compile()  # traced with this set recorded
+    for label, mapping in (("prior", {}), ("measured", measured)):
+        fn = jax.jit(lambda leaves, x, m=mapping: dense_forward(analysis, leaves, x, m))
+        fns[label] = fn.lower(leaves, x).compile()
     times: dict[str, list[float]] = {label: [] for label in fns}
     for fn in fns.values():  # a warm-up call each
         jax.block_until_ready(fn(leaves, x))
     while True:
-        for label, fn in fns.items():
+        order = list(fns) if len(times["prior"]) % 2 == 0 else list(fns)[::-1]
+        for label in order:
             t0 = time.perf_counter()
-            jax.block_until_ready(fn(leaves, x))
+            jax.block_until_ready(fns[label](leaves, x))
             times[label].append(time.perf_counter() - t0)
         n = len(times["prior"])
         spent = min(sum(v) for v in times.values())
@@ -432,6 +436,7 @@ def tune_model(
         repeats=repeats,
         progress=_bar if progress and _PROGRESS.get() else None,
         precompile=_matcher_warmups(config, frame_shape, frame_dtype, cache, frames),
+        lowerings=lowerings.choices,
     )
     layers: list[kt.LayerTuning | None] = [None] * len(plans)
     for i, r in zip(tuned, results, strict=True):

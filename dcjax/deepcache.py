@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -137,13 +137,17 @@ class CachedModel:
         kernels = None
         measure = resolve_tuning(config.tuning) == "measure"
         leaves = self._traced.leaves
+        #: the dense lowerings the model is traced with (`dcjax.kernels.lowering.use`)
+        self.lowerings: Mapping[str, str] = {}
         if measure and not (config.kernel == "auto" and config.semantic is None):
-            autotune.measure_lowerings(self._analysis, leaves, progress=progress)  # else tuned
+            found = autotune.measure_lowerings(self._analysis, leaves, progress=progress)
+            self.lowerings = found.choices
         if config.kernel == "auto" and config.semantic is None and measure:
             self.tuning = autotune.tune_model(
                 self._analysis, config, leaves=leaves, frame_shape=self.frame_shape,
                 fractions=tuning_fractions, frames=tuning_frames, progress=progress,
             )  # fmt: skip
+            self.lowerings = self.tuning.lowerings.choices
             if self.tuning.plan == "dense":
                 config = self.config = autotune.dense_config(config)
             else:
@@ -173,7 +177,7 @@ class CachedModel:
         self._step = Step(
             plan=self.plan, analysis=self._analysis, traced=self._traced, config=config,
             matcher=matcher, semantic=self._semantic, frame_shape=self.frame_shape,
-            preprocess=preprocess,
+            preprocess=preprocess, lowerings=self.lowerings,
         )  # fmt: skip
         # The state is donated: caches are updated in place, frame after frame.
         self._step_jit = jax.jit(self._step, donate_argnums=(1,))
@@ -298,7 +302,7 @@ class CachedModel:
         does not depend on the frame is made once: each output of a jitted
         call costs its dispatch."""
         x = self._step.prepare(frame)
-        outs = dense_forward(self._analysis, leaves, x[None])
+        outs = dense_forward(self._analysis, leaves, x[None], self.lowerings)
         output = jax.tree_util.tree_unflatten(self._traced.out_tree, outs)
         if not jnp.issubdtype(frame.dtype, jnp.floating):
             return output, {}

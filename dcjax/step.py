@@ -26,7 +26,7 @@ is then recomputed in full too.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -38,6 +38,7 @@ from dcjax import kernels
 from dcjax._loops import pinned, shifted, skipping_pays
 from dcjax.config import Config
 from dcjax.kernels import chain as chain_lib
+from dcjax.kernels import lowering as conv_lowering
 from dcjax.matching import Match, StreamMatcher
 from dcjax.plan import Plan
 from dcjax.state import CacheState
@@ -241,6 +242,8 @@ class Step:
         frame_shape: ``(H, W, C)`` of the frames.
         preprocess: per-pixel function from a raw frame to the model input, or
             None (uint8 frames are divided by 255, float frames kept).
+        lowerings: the model's dense lowerings (a mapping for
+            `dcjax.kernels.lowering.use`; None: the fixed rules).
     """
 
     def __init__(
@@ -254,8 +257,10 @@ class Step:
         semantic: Any,
         frame_shape: tuple[int, int, int],
         preprocess: Callable[[jax.Array], jax.Array] | None,
+        lowerings: Mapping[str, str] | None = None,
     ) -> None:
         self.plan, self.analysis, self.traced = plan, analysis, traced
+        self.lowerings = {} if lowerings is None else lowerings
         self.config, self.matcher, self.semantic = config, matcher, semantic
         self.frame_shape = frame_shape
         self._preprocess = preprocess
@@ -420,7 +425,12 @@ class Step:
         return p, skip
 
     def forward(self, leaves, state: CacheState, x, r0, ctx: FrameContext, refresh, finite) -> Pass:
-        """The network on one frame with reuse: outputs, caches and what the step reports."""
+        """The network on one frame with reuse: outputs, caches and what the step
+        reports; convolutions computed in full take the model's ``lowerings``."""
+        with conv_lowering.use(self.lowerings):
+            return self._forward(leaves, state, x, r0, ctx, refresh, finite)
+
+    def _forward(self, leaves, state: CacheState, x, r0, ctx: FrameContext, refresh, finite):
         plan = self.plan
         n_layers = len(plan.layers)
         kept = state.caches  # in the state's shapes (`cache_shape`)

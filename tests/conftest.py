@@ -20,9 +20,7 @@ The tests run small shapes, where compiling dominates running:
   every layer's kernels on each transform would cost more than most tests,
   and a choice by timing would differ from run to run. The tests of the
   measured tuning (tests/test_autotune.py, tests/kernels/test_tuning.py) ask
-  for it, with measurements kept in a file of their own. The dense lowerings
-  a test measured are forgotten after it (`forget_measured_lowerings`), so
-  that every other test traces the fixed rules' lowerings.
+  for it, with measurements kept in a file of their own.
 """
 
 import os
@@ -33,16 +31,3 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 
 os.environ.setdefault("JAX_ENABLE_COMPILATION_CACHE", "false")
 os.environ.setdefault("DCJAX_TUNING", "prior")
-
-
-import pytest  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def forget_measured_lowerings():
-    """Each test starts and ends with no measured lowering recorded."""
-    from dcjax.kernels.lowering import forget_choices
-
-    forget_choices()
-    yield
-    forget_choices()

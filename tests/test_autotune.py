@@ -219,7 +219,9 @@ def test_real_measurements_are_made_once_and_kept(model, monkeypatch, tmp_path):
         assert all(len(v) == len(kt.FRACTIONS) and min(v) > 0 for v in t.costs.values())
         # the dense candidate is the measured lowering
         assert set(lt.costs) == set(lowering.lowerings(p)) and min(lt.costs.values()) > 0
-        assert t.lowering == lt.choice == lowering.chosen(p)
+        assert t.lowering == lt.choice
+        with lowering.use(first.lowerings):  # what the model is traced with
+            assert lowering.chosen(p) == lt.choice
         assert t.costs["dense"] == (lt.costs[lt.choice],) * len(kt.FRACTIONS)
     assert "dense lowerings" in first.tuning.summary()
     second = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=False)
@@ -250,8 +252,7 @@ def test_fixed_kernels_still_take_measured_lowerings(model, monkeypatch, tmp_pat
         names = {n for n in names if n.startswith(kt.LOWERING_PREFIX)}  # the race aside
         assert names == {kt.LOWERING_PREFIX + h for p in plans for h in lowering.lowerings(p)}
     else:
-        assert names == set()
-        assert all(lowering.chosen(p) == lowering.prior(p) for p in plans)
+        assert names == set() and cached.lowerings == {}
     _check_outputs(cached, net, variables, _frames())
 
 
@@ -457,7 +458,8 @@ def test_progress_bars_false_silences_the_tuning_bars(model, monkeypatch, tmp_pa
 def test_measured_lowerings_run_only_where_the_whole_dense_step_is_faster(model, tmp_path, verdict):
     """A layer measured fastest by another lowering than the fixed rules' makes the
     dense step with the measured set race the one with the prior's; the slower set
-    is dropped, and the race is kept in the file."""
+    is dropped, the race is kept in the file, and nothing is recorded outside
+    the result (the model is traced within ``lowering.use(result.choices)``)."""
     from dcjax.transforms import queries
 
     net, variables = model
@@ -467,17 +469,11 @@ def test_measured_lowerings_run_only_where_the_whole_dense_step_is_faster(model,
     analysis, leaves = cached._analysis, cached._traced.leaves
     plans = [p for p in queries.layer_tile_plans(analysis) if p is not None]
     priors = [lowering.prior(p) for p in plans]
-    assert priors[1] == "conv"  # 3x3 on 8 channels (24x24): XLA's convolution
     cache = kt.TuningCache(tmp_path / "t.json")
     machine = kt.machine_key()
-    for i, p in enumerate(plans):  # each layer's prior fastest, but the second's "dot"
-        fastest = "dot" if i == 1 else priors[i]
-        for h in lowering.lowerings(p):
-            cache.put(
-                machine, kt.layer_key(p), kt.LOWERING_PREFIX + h, (1e-3 if h == fastest else 2e-3,)
-            )
+    measured = _fake_lowering_costs(cache, plans)
+    key = autotune._race_key(analysis, plans, measured)
     if verdict != "race":
-        key = autotune._race_key(analysis, plans)
         won, lost = ("prior", "measured") if verdict == "prior" else ("measured", "prior")
         cache.put(machine, key, f"lowerings:{won}", (1e-3,))
         cache.put(machine, key, f"lowerings:{lost}", (2e-3,))
@@ -487,10 +483,67 @@ def test_measured_lowerings_run_only_where_the_whole_dense_step_is_faster(model,
     assert got.raced is not None and min(got.raced) > 0
     kept = got.kept
     assert verdict == "race" or kept is (verdict == "measured")
-    key = autotune._race_key(analysis, plans)
     assert cache.get(machine, key, "lowerings:kept") == (float(kept),)  # kept in the file
     assert cache.puts == puts + (3 if verdict == "race" else 0)  # the race, run once
     want = [("dot" if i == 1 and kept else priors[i]) for i in range(len(plans))]
     assert [t.choice for t in got.layers if t is not None] == want
-    assert [lowering.chosen(p) for p in plans] == want
+    assert got.choices == (measured if kept else {})
+    with lowering.use(got.choices):
+        assert [lowering.chosen(p) for p in plans] == want
+    assert [lowering.chosen(p) for p in plans] == priors  # nothing recorded outside
     assert "unlike the fixed rules" in got.summary()
+
+
+def _fake_lowering_costs(cache, plans):
+    """Lowering costs in ``cache``: each layer's prior fastest, but the second's
+    "dot" (its prior is XLA's convolution). Returns the measured set."""
+    machine = kt.machine_key()
+    priors = [lowering.prior(p) for p in plans]
+    assert priors[1] == "conv"  # 3x3 on 8 channels (24x24)
+    for i, p in enumerate(plans):
+        fastest = "dot" if i == 1 else priors[i]
+        for h in lowering.lowerings(p):
+            seconds = 1e-3 if h == fastest else 2e-3
+            cache.put(machine, kt.layer_key(p), kt.LOWERING_PREFIX + h, (seconds,))
+    return lowering.choices((p, "dot" if i == 1 else priors[i]) for i, p in enumerate(plans))
+
+
+def test_a_prior_model_is_traced_with_the_fixed_rules_after_a_measured_one(
+    model, monkeypatch, tmp_path
+):
+    """Choices belong to the model that measured them: a ``tuning="prior"``
+    transform in the same process, after one that kept a measured lowering,
+    traces its step with the fixed rules'."""
+    from dcjax.transforms import queries
+    from tests.kernels._strategies import all_eqns
+
+    net, variables = model
+    cfg = dict(kernel="xla", matcher="none", skip_unchanged=False)
+
+    def made(tuning):
+        config = dcjax.Config(**cfg, tuning=tuning)
+        return dcjax.transform(net, variables, frame_shape=SHAPE, config=config, progress=False)
+
+    prior = made("prior")
+    plans = [p for p in queries.layer_tile_plans(prior._analysis) if p is not None]
+    path = tmp_path / "tuning.json"
+    cache = kt.TuningCache(path)
+    measured = _fake_lowering_costs(cache, plans)
+    key = autotune._race_key(prior._analysis, plans, measured)
+    machine = kt.machine_key()
+    for label, v in (("prior", 2e-3), ("measured", 1e-3), ("kept", 1.0)):
+        cache.put(machine, key, f"lowerings:{label}", (v,))
+    cache.save()
+    monkeypatch.setenv(kt.CACHE_ENV, str(path))
+
+    def dots(cached):
+        state, frame = cached.init(), jnp.asarray(_frames()[0])
+        jaxpr = jax.make_jaxpr(lambda s, f: cached.step(s, f))(state, frame)
+        return sum(e.primitive.name == "dot_general" for e in all_eqns(jaxpr.jaxpr))
+
+    first = made("measure")
+    assert first.lowerings == measured
+    again = made("prior")
+    assert again.lowerings == {}
+    assert dots(first) > dots(again) == dots(prior)  # the second layer as a product, or not
+    _check_outputs(first, net, variables, _frames())

@@ -141,12 +141,14 @@ def fast_apply(spec: ModelSpec) -> tuple[Callable[[Any, jax.Array], Any], list]:
     k = len(traced.leaves)
     frame_sig = Spatial(axes=(1, 2), size=spec.frame_shape[:2], stride=(1, 1))
     analysis = analyze(traced.jaxpr, [None] * k + [frame_sig], [False] * k + [True])
-    if resolve_tuning(None) == "measure":  # the lowerings the transform would take
-        autotune.measure_lowerings(analysis, traced.leaves)
+    lowerings = {}  # the fixed rules, unless measuring: the transform's own choice
+    if resolve_tuning(None) == "measure":
+        lowerings = autotune.measure_lowerings(analysis, traced.leaves).choices
 
     def apply(leaves, frame):
         x = spec.model_input(jnp.asarray(frame))
-        return jax.tree_util.tree_unflatten(traced.out_tree, dense_forward(analysis, leaves, x))
+        outs = dense_forward(analysis, leaves, x, lowerings)
+        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
 
     return apply, traced.leaves
 

@@ -10,11 +10,11 @@ and ungrouped ones on at most `TAPS_MAX_TERMS` inputs per output),
 ``"groups"`` one convolution per group, ``"rgb"`` a zero fourth input
 channel; ``"conv"`` is XLA's own convolution.
 
-Which lowering a layer takes (`chosen`): the one measured fastest on this
-machine for its geometry and dtype, where `dcjax.kernels.lowering_tuning`
-has measured it in this process (`choose`); else `prior`, the rules measured
-once on a 2-core machine (the ``*_pays`` predicates, docs/performance-notes.md;
-``"conv"`` off CPU). The masked kernels (`dcjax.kernels.xla`,
+Which lowering a layer takes (`chosen`): the one its model chose, while the
+model is traced inside `use` (the transform passes the choices its
+measurements kept: `dcjax.autotune.measure_lowerings`); else `prior`, the
+rules measured once on a 2-core machine (the ``*_pays`` predicates,
+docs/performance-notes.md; ``"conv"`` off CPU). The masked kernels (`dcjax.kernels.xla`,
 `dcjax.kernels.rows`, `dcjax.kernels.chain`), their dense paths and the dense
 step all ask `chosen`, so a layer is computed the same way on every path;
 `dcjax.transforms.lowering` does the same for the primitives that are not
@@ -23,9 +23,12 @@ convolutions.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import functools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -38,26 +41,29 @@ __all__ = [
     "LOWERINGS",
     "TAPS_MAX_COUT",
     "TAPS_MAX_TERMS",
-    "choose",
+    "choice_key",
+    "choices",
     "chosen",
     "conv_as_dot",
     "dense_conv",
     "dot_pays",
-    "forget_choices",
     "group_weights",
     "lowerings",
     "prior",
     "rgb_pays",
     "taps_pays",
+    "use",
     "valid_conv",
 ]
 
 #: The ways `dense_conv` and `valid_conv` compute a convolution (module docstring).
 LOWERINGS: tuple[str, ...] = ("conv", "dot", "taps", "groups", "rgb")
 
-#: Geometry and dtype (`dcjax.kernels.tiles.layer_key`) -> the lowering measured
-#: fastest on this machine (`choose`).
-_CHOSEN: dict[str, str] = {}
+#: The lowerings in force while a model is traced: `choice_key` -> lowering
+#: (`use`); None outside, where `prior` decides.
+_CHOICES: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
+    "dcjax_lowerings", default=None
+)
 
 
 def lowerings(p: _tiles.TilePlan) -> tuple[str, ...]:
@@ -92,27 +98,42 @@ def prior(p: _tiles.TilePlan) -> str:
     return "rgb" if rgb_pays(p) else "conv"
 
 
-def choose(p: _tiles.TilePlan, how: str, dtype=jnp.float32) -> None:
-    """Record ``how`` as the lowering of every layer of ``p``'s geometry and
-    ``dtype`` traced from now on in this process (the measured choice:
-    `dcjax.kernels.lowering_tuning`)."""
-    if how not in lowerings(p):
-        raise ValueError(
-            f"dcjax: lowering {how!r} cannot compute {_tiles.layer_key(p, dtype)}; "
-            f"one of {lowerings(p)}"
-        )
-    _CHOSEN[_tiles.layer_key(p, dtype)] = how
+def choice_key(p: _tiles.TilePlan, dtype=jnp.float32) -> str:
+    """What a lowering choice is kept under: the layer's geometry and dtype,
+    whatever its batch (pooled streams take the choice of one stream)."""
+    return _tiles.layer_key(dataclasses.replace(p, n=1), dtype)
+
+
+def choices(pairs: Iterable[tuple[_tiles.TilePlan, str]], dtype=jnp.float32) -> dict[str, str]:
+    """A mapping for `use`: each layer ``p`` computed by its lowering ``how``."""
+    out = {}
+    for p, how in pairs:
+        if how not in lowerings(p):
+            raise ValueError(
+                f"dcjax: lowering {how!r} cannot compute {_tiles.layer_key(p, dtype)}; "
+                f"one of {lowerings(p)}"
+            )
+        out[choice_key(p, dtype)] = how
+    return out
+
+
+@contextlib.contextmanager
+def use(mapping: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, a layer whose `choice_key` is in ``mapping`` is traced
+    with that lowering (`chosen`); every other with `prior`. A context variable:
+    each thread (and each `contextvars` context) has its own."""
+    token = _CHOICES.set(mapping)
+    try:
+        yield
+    finally:
+        _CHOICES.reset(token)
 
 
 def chosen(p: _tiles.TilePlan, dtype=jnp.float32) -> str:
-    """The lowering of the layer ``p`` at ``dtype``: the measured one where
-    `choose` recorded it, else `prior`."""
-    return _CHOSEN.get(_tiles.layer_key(p, dtype)) or prior(p)
-
-
-def forget_choices() -> None:
-    """Drop every recorded choice: later traces take `prior` until measured again."""
-    _CHOSEN.clear()
+    """The lowering of the layer ``p`` at ``dtype`` in the current `use` block,
+    else `prior`."""
+    current = _CHOICES.get()
+    return (current or {}).get(choice_key(p, dtype)) or prior(p)
 
 
 def group_weights(w: jax.Array, p: _tiles.TilePlan, how: str) -> jax.Array | tuple:
@@ -141,13 +162,17 @@ def valid_conv(x: jax.Array, w: jax.Array | tuple, p: _tiles.TilePlan, how: str)
     as a sum over taps and input channels of a slice's channel times its row
     of weights (accumulated in float32 at least); ``"groups"``: one
     convolution per group, concatenated; ``"rgb"``: with a zero fourth input
-    channel; ``"conv"`` and ``"dot"`` (which has no VALID form here): XLA's
-    convolution. Same result as `lax.conv_general_dilated` up to fp rounding.
+    channel; ``"conv"``: XLA's convolution; ``"dot"`` has no VALID form here:
+    a sum of taps, a zero fourth channel or XLA's convolution, as `taps_pays`
+    and `rgb_pays` say. Same result as `lax.conv_general_dilated` up to fp
+    rounding.
     ``w`` may be `group_weights`' per-group slices.
     """
     g = p.groups
     if isinstance(w, tuple):
         return _per_group(x, w, p)
+    if how == "dot":  # no VALID form of its own: the fixed rules' for windows
+        how = "taps" if taps_pays(p) else "rgb" if rgb_pays(p) else "conv"
     cig = w.shape[2]
     if how == "taps" and g > 1 and cig == 1:
         mult = p.cout // g

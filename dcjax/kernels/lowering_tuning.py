@@ -11,16 +11,16 @@ Contract:
   is timed. The seconds are kept in the `dcjax.kernels.tuning.TuningCache`
   under the layer's key as candidates ``"lowering:<name>"`` (one value each),
   so a geometry is measured once per machine and software.
-- The fastest is recorded with `dcjax.kernels.lowering.choose`: every layer of
-  that geometry traced later in the process (the dense step, the sparse
-  kernels' dense paths and tile batches, the semantic exits) takes it.
-- It returns a `LoweringTuning` per plan: the costs, the choice and the fixed
-  rules' choice (`dcjax.kernels.lowering.prior`) for comparison.
+- It returns a `LoweringTuning` per plan: the costs, the fastest and the
+  fixed rules' choice (`dcjax.kernels.lowering.prior`); the caller decides
+  what runs (`dcjax.autotune.measure_lowerings` checks the fastest on the
+  whole model) and traces it inside `dcjax.kernels.lowering.use`.
 
-The transform calls it before tracing anything when the tuning is
-``"measure"`` (`dcjax.kernels.tuning.resolve_tuning`), and so does the dense
-baseline of the benchmarks (`dcjax.eval.methods.fast_apply`); under
-``"prior"`` nothing is measured and every layer takes the fixed rules.
+The transform calls it (through `dcjax.autotune.measure_lowerings`) when the
+tuning is ``"measure"`` (`dcjax.kernels.tuning.resolve_tuning`), and so does
+the dense baseline of the benchmarks (`dcjax.eval.methods.fast_apply`, by
+``$DCJAX_TUNING``); under ``"prior"`` nothing is measured and every layer
+takes the fixed rules. Measured in float32: other dtypes take the prior.
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ class LoweringTuning:
 
     Attributes:
         costs: lowering -> seconds a call of the whole convolution.
-        choice: the lowering of least cost.
+        choice: the lowering of least cost (`dcjax.autotune.measure_lowerings`
+            replaces it by ``prior`` where the whole model's race keeps the
+            fixed rules).
         prior: the lowering the fixed rules pick (`dcjax.kernels.lowering.prior`).
     """
 
@@ -83,7 +85,7 @@ def tune_lowerings(
     repeats: int = 5,
     progress: Callable[..., Iterable] | None = None,
 ) -> tuple[LoweringTuning, ...]:
-    """A `LoweringTuning` per plan, every choice recorded (see the module docstring).
+    """A `LoweringTuning` per plan (see the module docstring).
 
     ``progress(iterable, total=n, what=...)`` wraps the compiles and the
     timings still to make (a tqdm bar); measurements go to ``cache``, saved
@@ -128,6 +130,5 @@ def tune_lowerings(
         ways = _lowering.lowerings(p)
         costs = {h: cache.get(machine, layer_key(p), PREFIX + h)[0] for h in ways}
         best = min(ways, key=costs.__getitem__)
-        _lowering.choose(p, best)
         out.append(LoweringTuning(costs=costs, choice=best, prior=_lowering.prior(p)))
     return tuple(out)

@@ -221,6 +221,13 @@ def _compiled(p: TilePlan, choice: KernelChoice, x: jax.Array, w: jax.Array):
     return fn, x, w, cached
 
 
+def _compiled_with(lowerings: Mapping[str, str], p: TilePlan, choice: KernelChoice, x, w):
+    """`_compiled` traced with the model's dense ``lowerings`` (a pool thread
+    does not see the caller's `dcjax.kernels.lowering.use`)."""
+    with _lowering.use(lowerings):
+        return _compiled(p, choice, x, w)
+
+
 def _timed(
     p: TilePlan, compiled: Mapping[str, tuple], fractions: Sequence[float], repeats: int
 ) -> dict[str, tuple[float, ...]]:
@@ -373,9 +380,14 @@ def tune(
     repeats: int = 5,
     progress: Callable[..., Iterable] | None = None,
     precompile: Sequence[Callable[[], Any]] = (),
+    lowerings: Mapping[str, str] | None = None,
 ) -> tuple[LayerTuning, ...]:
     """A `LayerTuning` per layer of ``plans`` (see the module docstring).
 
+    ``lowerings``: the dense lowerings the model takes (a mapping for
+    `dcjax.kernels.lowering.use`; None: the fixed rules); the candidates are
+    compiled with them, and the dense candidate costs the chosen lowering's
+    measurement where there is one.
     ``fractions``: per layer, the dirty fraction the stream shows (None: all
     fractions alike). ``progress(iterable, total=n, what=...)`` wraps the
     compiles and the measurements still to make (a tqdm bar). Each distinct
@@ -393,8 +405,10 @@ def tune(
         key = layer_key(p)
         cands = candidates(p, backend, sc)
         # the dense candidate is the layer's lowering, where that was measured
-        lowered = cache.get(machine, key, LOWERING_PREFIX + _lowering.chosen(p))
-        per_layer.append((p, key, cands, lowered))
+        with _lowering.use(lowerings or {}):
+            how = _lowering.chosen(p)
+        lowered = cache.get(machine, key, LOWERING_PREFIX + how)
+        per_layer.append((p, key, cands, lowered, how))
         for c in cands:
             if c.impl == "dense" and lowered is not None:
                 continue
@@ -415,7 +429,8 @@ def tune(
     with concurrent.futures.ThreadPoolExecutor(max(1, cores())) as pool:
         extra = [pool.submit(job) for job in precompile]
         futures = {
-            pool.submit(_compiled, p, c, *inputs[key]): (key, name) for (key, name), (p, c) in items
+            pool.submit(_compiled_with, lowerings or {}, p, c, *inputs[key]): (key, name)
+            for (key, name), (p, c) in items
         }
         done = concurrent.futures.as_completed(futures)
         for f in progress(done, total=len(items), what="compiling") if progress else done:
@@ -432,7 +447,7 @@ def tune(
             cache.put(machine, key, name, costs)
     cache.save()
     out = []
-    for (p, key, cands, lowered), fraction in zip(per_layer, fractions, strict=True):
+    for (_, key, cands, lowered, how), fraction in zip(per_layer, fractions, strict=True):
         costs = {
             c.name: lowered * len(FRACTIONS)
             if c.impl == "dense" and lowered is not None
@@ -447,7 +462,7 @@ def tune(
                 expected=expected,
                 choice=best,
                 fraction=fraction,
-                lowering=_lowering.chosen(p),
+                lowering=how,
             )
         )
     return tuple(out)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -46,6 +46,7 @@ import jax.numpy as jnp
 from jax.extend import core as jcore
 
 from dcjax.kernels import Epilogue, dense_conv_eqn
+from dcjax.kernels import lowering as conv_lowering
 from dcjax.transforms import lowering, regions
 from dcjax.transforms.calls import sub_jaxpr
 from dcjax.transforms.motion import FrameContext
@@ -73,10 +74,14 @@ class Policy:
         refines: whether `refine` is called at reused layers' inputs.
         records: whether `evaluate` returns every spatial variable's value and
             mask (`Evaluation.records`).
+        lowerings: the model's dense lowerings, in force while `evaluate`
+            runs (a mapping for `dcjax.kernels.lowering.use`); None: those of
+            the caller's context (the fixed rules outside any).
     """
 
     refines: bool = False
     records: bool = False
+    lowerings: Mapping[str, str] | None = None
 
     def reuse(
         self,
@@ -246,6 +251,13 @@ def evaluate(
     Returns:
         The `Evaluation`: outputs, their masks and the per-layer results.
     """
+    if policy.lowerings is not None and not path:  # the top level: the model's lowerings
+        with conv_lowering.use(policy.lowerings):
+            return _evaluate(analysis, args, masks, ctx, policy, path)
+    return _evaluate(analysis, args, masks, ctx, policy, path)
+
+
+def _evaluate(analysis, args, masks, ctx, policy, path) -> Evaluation:
     env = Env.of(analysis, args, masks, path)
     run_eqns(env, 0, len(analysis.eqns), ctx, policy)
     return env.result()
@@ -431,16 +443,26 @@ class _Recording(Policy):
 class DensePolicy(Policy):
     """Every reused layer computed in full the way the sparse kernels' dense
     path computes it (`dcjax.kernels.dense_conv_eqn`: XLA:CPU's slow grouped
-    convolutions rewritten), no result."""
+    convolutions rewritten), no result; with the dense ``lowerings`` given."""
+
+    def __init__(self, lowerings: Mapping[str, str] | None = None) -> None:
+        self.lowerings = lowerings
 
     def reuse(self, layer, eqn, invals, mask, epilogue):
         out = dense_conv_eqn(eqn, invals)
         return (out if epilogue is None else epilogue(out)), None
 
 
-def dense_forward(analysis: Analysis, leaves: Sequence[Any], x: jax.Array) -> list:
+def dense_forward(
+    analysis: Analysis,
+    leaves: Sequence[Any],
+    x: jax.Array,
+    lowerings: Mapping[str, str] | None = None,
+) -> list:
     """The model's outputs on input ``x`` (batch of one) computed in full by
-    `DensePolicy`, no mask propagated: the dense lowering of the model."""
+    `DensePolicy` with the dense ``lowerings`` (None: the caller's, else the
+    fixed rules), no mask propagated: the dense lowering of the model."""
     k = len(leaves)
     ctx = FrameContext(jnp.zeros((2,), jnp.int32), "exact")
-    return list(evaluate(analysis, [*leaves, x], [True] * (k + 1), ctx, DensePolicy()).outputs)
+    policy = DensePolicy(lowerings)
+    return list(evaluate(analysis, [*leaves, x], [True] * (k + 1), ctx, policy).outputs)

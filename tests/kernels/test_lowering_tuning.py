@@ -4,7 +4,10 @@ traces, and a geometry is measured once per machine."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -71,7 +74,23 @@ def test_every_lowering_equals_the_convolution(geometry) -> None:
 def test_a_choice_the_layer_cannot_take_is_refused() -> None:
     _, p, *_ = _case(*GEOMETRIES[4])  # depthwise: no matrix product of patches
     with pytest.raises(ValueError, match="lowering 'dot' cannot compute .* one of"):
-        lw.choose(p, "dot")
+        lw.choices([(p, "dot")])
+
+
+def test_choices_hold_inside_their_block_only_and_for_every_batch() -> None:
+    """`use` sets the lowerings of the layers it names for its block (and for
+    the same layer at another batch: pooled streams); nested blocks restore the
+    outer one, and outside every block the fixed rules decide."""
+    _, p, *_ = _case(*GEOMETRIES[1])  # 1x1: the fixed rules' "dot"
+    pooled = dataclasses.replace(p, n=4)
+    assert lw.chosen(p) == lw.prior(p)
+    with lw.use(lw.choices([(p, "conv")])):
+        assert lw.chosen(p) == lw.chosen(pooled) == "conv"
+        with lw.use({}):
+            assert lw.chosen(p) == lw.prior(p)
+        assert lw.chosen(p) == "conv"
+        assert lw.chosen(p, jnp.bfloat16) == lw.prior(p)  # measured in float32 only
+    assert lw.chosen(p) == lw.prior(p)
 
 
 def _conv_eqn(geom, x, w):
@@ -89,9 +108,9 @@ def _primitives(fn, *args) -> set[str]:
 
 
 def test_the_fastest_measured_lowering_is_chosen_and_every_path_takes_it(tmp_path) -> None:
-    """Measurements in the file decide (nothing is measured again): the dense
-    path and the tile kernel's sparse path both trace the chosen lowering, and
-    forgetting the choice brings the fixed rules back."""
+    """Measurements in the file decide (nothing is measured again): inside `use`
+    the dense path and the tile kernel's sparse path both trace the fastest,
+    outside it the fixed rules'."""
     geom, p, x, w, want = _case(*GEOMETRIES[0])
     cache = kt.TuningCache(tmp_path / "t.json")
     machine, key = kt.machine_key(), layer_key(p)
@@ -103,7 +122,7 @@ def test_the_fastest_measured_lowering_is_chosen_and_every_path_takes_it(tmp_pat
     (got,) = tune_lowerings([p], cache=cache)
     assert cache.puts == before  # read, not measured
     assert got.choice == "taps" and got.costs == costs
-    assert got.prior == lw.prior(p) and lw.chosen(p) == "taps"
+    assert got.prior == lw.prior(p) and lw.chosen(p) == got.prior  # nothing recorded
     eqn = _conv_eqn(geom, x, w)
     mask = np.ones((1, p.ho, p.wo), bool)
     mask[0, 1:3, 2:5] = False
@@ -113,11 +132,10 @@ def test_the_fastest_measured_lowering_is_chosen_and_every_path_takes_it(tmp_pat
         "sparse": (lambda x, w: masked_conv(x, w, mask, cached, geom, impl="xla"), ~mask),
     }
     for name, (fn, fresh) in paths.items():
-        assert "conv_general_dilated" not in _primitives(fn, x, w), name  # a sum of taps
-        out = np.asarray(jax.jit(fn)(x, w))
+        with lw.use(lw.choices([(p, got.choice)])):
+            assert "conv_general_dilated" not in _primitives(fn, x, w), name  # a sum of taps
+            out = np.asarray(jax.jit(fn)(x, w))
         np.testing.assert_allclose(out[fresh], want[fresh], rtol=1e-4, atol=1e-4, err_msg=name)
-    lw.forget_choices()
-    assert lw.chosen(p) == lw.prior(p)
     on_cpu = jax.default_backend() == "cpu"  # the fixed rules: a zero fourth channel on CPU
     fresh = jax.make_jaxpr(lambda x, w: dense_conv_eqn(eqn, (x, w)))(x, w)  # traced anew
     convs = [e for e in all_eqns(fresh.jaxpr) if e.primitive.name == "conv_general_dilated"]
@@ -136,7 +154,7 @@ def test_a_geometry_is_measured_once_per_machine(tmp_path) -> None:
     for t, layer in zip(first, (p, q, p), strict=True):
         assert set(t.costs) == set(lw.lowerings(layer))
         assert all(0 < s < 1 for s in t.costs.values())
-        assert t.choice == min(t.costs, key=t.costs.get) and lw.chosen(layer) == t.choice
+        assert t.choice == min(t.costs, key=t.costs.get)
     again = kt.TuningCache(path)
     assert [t.costs for t in tune_lowerings([p, q], cache=again)] == [t.costs for t in first[:2]]
     assert again.puts == 0
@@ -157,8 +175,9 @@ def test_tune_takes_the_measured_lowering_as_the_dense_cost(monkeypatch, tmp_pat
     cache = kt.TuningCache(tmp_path / "t.json")
     for how, s in {"conv": 0.4, "dot": 0.2}.items():
         cache.put(kt.machine_key(), layer_key(p), kt.LOWERING_PREFIX + how, (s,))
-    tune_lowerings([p], cache=cache)
-    (t,) = kt.tune([p], "cpu", cache=cache, fractions=[0.5])
+    (lt,) = tune_lowerings([p], cache=cache)
+    mapping = lw.choices([(p, lt.choice)])
+    (t,) = kt.tune([p], "cpu", cache=cache, fractions=[0.5], lowerings=mapping)
     assert "dense" not in calls and {"xla", "rows"} <= set(calls)
     assert t.costs["dense"] == (0.2,) * len(kt.FRACTIONS)
     assert t.lowering == "dot" and t.choice.impl == "dense"  # 0.2 against 0.5
