@@ -217,12 +217,11 @@ def test_real_measurements_are_made_once_and_kept(model, monkeypatch, tmp_path):
         p = _plan_of(t, first)
         assert set(t.costs) == {c.name for c in kt.candidates(p, "cpu")}
         assert all(len(v) == len(kt.FRACTIONS) and min(v) > 0 for v in t.costs.values())
-        # the dense candidate is the measured lowering
+        # each layer's lowerings measured; the dense candidate timed with the kept one
         assert set(lt.costs) == set(lowering.lowerings(p)) and min(lt.costs.values()) > 0
         assert t.lowering == lt.choice
         with lowering.use(first.lowerings):  # what the model is traced with
             assert lowering.chosen(p) == lt.choice
-        assert t.costs["dense"] == (lt.costs[lt.choice],) * len(kt.FRACTIONS)
     assert "dense lowerings" in first.tuning.summary()
     second = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=False)
     assert second.tuning.measured == 0

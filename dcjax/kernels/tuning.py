@@ -23,10 +23,11 @@ Contract:
   to 1), with one frame in ``refresh_every`` fully dirty.
 - `tune(plans, backend, ...)` measures (or reads) every candidate of every
   layer and returns a `LayerTuning` per layer: its candidates' costs and the
-  choice of least expected cost. Where the layer's dense lowering was
-  measured (`dcjax.kernels.lowering_tuning`, run first), the dense
-  candidate's cost is that measurement at every fraction and it is not
-  compiled again.
+  choice of least expected cost. The candidates are compiled with the
+  model's dense lowerings (``lowerings``, from
+  `dcjax.kernels.lowering_tuning` and `dcjax.autotune.measure_lowerings`),
+  the dense one included, and timed in turns as ever; a dense candidate
+  whose lowering is not the fixed rules' is kept as ``"dense/<lowering>"``.
 
 Nothing here knows about models or streams: `dcjax.autotune` decides per
 model (which fractions, whether the cached plan beats the dense one).
@@ -221,6 +222,15 @@ def _compiled(p: TilePlan, choice: KernelChoice, x: jax.Array, w: jax.Array):
     return fn, x, w, cached
 
 
+def _stored_name(c: KernelChoice, how: str, p: TilePlan) -> str:
+    """The name of candidate ``c``'s measurements in the file: a dense candidate
+    computed by another lowering than the fixed rules' (``how``) is
+    ``"dense/<how>"``, a measurement of its own."""
+    if c.impl == "dense" and how != _lowering.prior(p):
+        return f"dense/{how}"
+    return c.name
+
+
 def _compiled_with(lowerings: Mapping[str, str], p: TilePlan, choice: KernelChoice, x, w):
     """`_compiled` traced with the model's dense ``lowerings`` (a pool thread
     does not see the caller's `dcjax.kernels.lowering.use`)."""
@@ -386,8 +396,7 @@ def tune(
 
     ``lowerings``: the dense lowerings the model takes (a mapping for
     `dcjax.kernels.lowering.use`; None: the fixed rules); the candidates are
-    compiled with them, and the dense candidate costs the chosen lowering's
-    measurement where there is one.
+    compiled with them.
     ``fractions``: per layer, the dirty fraction the stream shows (None: all
     fractions alike). ``progress(iterable, total=n, what=...)`` wraps the
     compiles and the measurements still to make (a tqdm bar). Each distinct
@@ -404,16 +413,13 @@ def tune(
     for p, sc in zip(plans, scattered, strict=True):
         key = layer_key(p)
         cands = candidates(p, backend, sc)
-        # the dense candidate is the layer's lowering, where that was measured
         with _lowering.use(lowerings or {}):
             how = _lowering.chosen(p)
-        lowered = cache.get(machine, key, LOWERING_PREFIX + how)
-        per_layer.append((p, key, cands, lowered, how))
+        names = {c.name: _stored_name(c, how, p) for c in cands}
+        per_layer.append((key, cands, names, how))
         for c in cands:
-            if c.impl == "dense" and lowered is not None:
-                continue
-            if cache.get(machine, key, c.name) is None:
-                todo[(key, c.name)] = (p, c)
+            if cache.get(machine, key, names[c.name]) is None:
+                todo[(key, names[c.name])] = (p, c)
     items = list(todo.items())
     progress = progress if items else None
     # Every candidate is compiled before any is timed, so that no compile runs
@@ -447,13 +453,8 @@ def tune(
             cache.put(machine, key, name, costs)
     cache.save()
     out = []
-    for (_, key, cands, lowered, how), fraction in zip(per_layer, fractions, strict=True):
-        costs = {
-            c.name: lowered * len(FRACTIONS)
-            if c.impl == "dense" and lowered is not None
-            else cache.get(machine, key, c.name)
-            for c in cands
-        }
+    for (key, cands, names, how), fraction in zip(per_layer, fractions, strict=True):
+        costs = {c.name: cache.get(machine, key, names[c.name]) for c in cands}
         expected = {name: expected_cost(v, fraction, refresh_every) for name, v in costs.items()}
         best = min(cands, key=lambda c: expected[c.name])
         out.append(

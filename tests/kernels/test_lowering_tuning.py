@@ -160,24 +160,30 @@ def test_a_geometry_is_measured_once_per_machine(tmp_path) -> None:
     assert again.puts == 0
 
 
-def test_tune_takes_the_measured_lowering_as_the_dense_cost(monkeypatch, tmp_path) -> None:
-    """Where the layer's lowering was measured, the dense candidate is not compiled
-    or timed again: its cost is the lowering's at every fraction."""
-    calls = []
-    monkeypatch.setattr(kt, "_compiled", lambda p, c, *inputs: c)
+def test_tune_times_the_dense_candidate_with_the_models_lowering(monkeypatch, tmp_path) -> None:
+    """The dense candidate is compiled with the model's lowering and timed in turns
+    with the sparse candidates; another lowering than the fixed rules' is a
+    measurement of its own (``"dense/<lowering>"``)."""
+    compiled = []
 
-    def timed(p, group, fractions, repeats):
-        calls.extend(c.impl for c in group.values())
-        return {name: tuple(0.5 for _ in fractions) for name in group}
+    def fake_compiled(p, c, *inputs):
+        if c.impl == "dense":
+            compiled.append(lw.chosen(p))  # what its trace would take
+        return c
 
-    monkeypatch.setattr(kt, "_timed", timed)
-    _, p, *_ = _case(*GEOMETRIES[1])
+    monkeypatch.setattr(kt, "_compiled", fake_compiled)
+    monkeypatch.setattr(
+        kt, "_timed", lambda p, group, fractions, repeats: {
+            name: tuple(0.5 if c.impl == "dense" else 1.0 for _ in fractions)
+            for name, c in group.items()
+        },
+    )  # fmt: skip
+    _, p, *_ = _case(*GEOMETRIES[1])  # 1x1: the fixed rules' "dot"
     cache = kt.TuningCache(tmp_path / "t.json")
-    for how, s in {"conv": 0.4, "dot": 0.2}.items():
-        cache.put(kt.machine_key(), layer_key(p), kt.LOWERING_PREFIX + how, (s,))
-    (lt,) = tune_lowerings([p], cache=cache)
-    mapping = lw.choices([(p, lt.choice)])
-    (t,) = kt.tune([p], "cpu", cache=cache, fractions=[0.5], lowerings=mapping)
-    assert "dense" not in calls and {"xla", "rows"} <= set(calls)
-    assert t.costs["dense"] == (0.2,) * len(kt.FRACTIONS)
-    assert t.lowering == "dot" and t.choice.impl == "dense"  # 0.2 against 0.5
+    (t,) = kt.tune([p], "cpu", cache=cache, fractions=[0.5])
+    assert compiled == ["dot"] and t.lowering == "dot" and t.choice.impl == "dense"
+    (t,) = kt.tune([p], "cpu", cache=cache, fractions=[0.5], lowerings=lw.choices([(p, "conv")]))
+    assert compiled == ["dot", "conv"] and t.lowering == "conv"  # measured anew, by its name
+    stored = cache._data[kt.machine_key()][layer_key(p)]
+    assert {"dense", "dense/conv"} <= set(stored)
+    assert t.costs["dense"] == (0.5,) * len(kt.FRACTIONS)
