@@ -177,7 +177,9 @@ class CachedModel:
         self._step = Step(
             plan=self.plan, analysis=self._analysis, traced=self._traced, config=config,
             matcher=matcher, semantic=self._semantic, frame_shape=self.frame_shape,
-            preprocess=preprocess, lowerings=self.lowerings,
+            preprocess=preprocess,
+            # the race checked the dense step only: a step that reuses keeps the fixed rules
+            lowerings=self.lowerings if not any(self.plan.keeps_cache) else {},
         )  # fmt: skip
         # The state is donated: caches are updated in place, frame after frame.
         self._step_jit = jax.jit(self._step, donate_argnums=(1,))

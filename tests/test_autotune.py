@@ -13,6 +13,7 @@ import pytest
 
 import dcjax
 from dcjax import autotune
+from dcjax import lowerings as lowerings_mod
 from dcjax.kernels import lowering
 from dcjax.kernels import tuning as kt
 from tests.tuning_fakes import fake_measurements
@@ -219,7 +220,7 @@ def test_real_measurements_are_made_once_and_kept(model, monkeypatch, tmp_path):
         assert all(len(v) == len(kt.FRACTIONS) and min(v) > 0 for v in t.costs.values())
         # each layer's lowerings measured; the dense candidate timed with the kept one
         assert set(lt.costs) == set(lowering.lowerings(p)) and min(lt.costs.values()) > 0
-        assert t.lowering == lt.choice
+        assert t.lowering == lowering.prior(p)  # candidates compiled by the fixed rules
         with lowering.use(first.lowerings):  # what the model is traced with
             assert lowering.chosen(p) == lt.choice
     assert "dense lowerings" in first.tuning.summary()
@@ -471,7 +472,7 @@ def test_measured_lowerings_run_only_where_the_whole_dense_step_is_faster(model,
     cache = kt.TuningCache(tmp_path / "t.json")
     machine = kt.machine_key()
     measured = _fake_lowering_costs(cache, plans)
-    key = autotune._race_key(analysis, plans, measured)
+    key = lowerings_mod._race_key(analysis, plans, measured)
     if verdict != "race":
         won, lost = ("prior", "measured") if verdict == "prior" else ("measured", "prior")
         cache.put(machine, key, f"lowerings:{won}", (1e-3,))
@@ -517,7 +518,7 @@ def test_a_prior_model_is_traced_with_the_fixed_rules_after_a_measured_one(
     from tests.kernels._strategies import all_eqns
 
     net, variables = model
-    cfg = dict(kernel="xla", matcher="none", skip_unchanged=False)
+    cfg = dict(kernel="dense", matcher="none", skip_unchanged=False)  # the dense step
 
     def made(tuning):
         config = dcjax.Config(**cfg, tuning=tuning)
@@ -528,7 +529,7 @@ def test_a_prior_model_is_traced_with_the_fixed_rules_after_a_measured_one(
     path = tmp_path / "tuning.json"
     cache = kt.TuningCache(path)
     measured = _fake_lowering_costs(cache, plans)
-    key = autotune._race_key(prior._analysis, plans, measured)
+    key = lowerings_mod._race_key(prior._analysis, plans, measured)
     machine = kt.machine_key()
     for label, v in (("prior", 2e-3), ("measured", 1e-3), ("kept", 1.0)):
         cache.put(machine, key, f"lowerings:{label}", (v,))

@@ -12,7 +12,7 @@ channel; ``"conv"`` is XLA's own convolution.
 
 Which lowering a layer takes (`chosen`): the one its model chose, while the
 model is traced inside `use` (the transform passes the choices its
-measurements kept: `dcjax.autotune.measure_lowerings`); else `prior`, the
+measurements kept: `dcjax.lowerings.measure_lowerings`); else `prior`, the
 rules measured once on a 2-core machine (the ``*_pays`` predicates,
 docs/performance-notes.md; ``"conv"`` off CPU). The masked kernels (`dcjax.kernels.xla`,
 `dcjax.kernels.rows`, `dcjax.kernels.chain`), their dense paths and the dense

@@ -13,10 +13,10 @@ Contract:
   so a geometry is measured once per machine and software.
 - It returns a `LoweringTuning` per plan: the costs, the fastest and the
   fixed rules' choice (`dcjax.kernels.lowering.prior`); the caller decides
-  what runs (`dcjax.autotune.measure_lowerings` checks the fastest on the
+  what runs (`dcjax.lowerings.measure_lowerings` checks the fastest on the
   whole model) and traces it inside `dcjax.kernels.lowering.use`.
 
-The transform calls it (through `dcjax.autotune.measure_lowerings`) when the
+The transform calls it (through `dcjax.lowerings.measure_lowerings`) when the
 tuning is ``"measure"`` (`dcjax.kernels.tuning.resolve_tuning`), and so does
 the dense baseline of the benchmarks (`dcjax.eval.methods.fast_apply`, by
 ``$DCJAX_TUNING``); under ``"prior"`` nothing is measured and every layer
@@ -49,7 +49,7 @@ class LoweringTuning:
 
     Attributes:
         costs: lowering -> seconds a call of the whole convolution.
-        choice: the lowering of least cost (`dcjax.autotune.measure_lowerings`
+        choice: the lowering of least cost (`dcjax.lowerings.measure_lowerings`
             replaces it by ``prior`` where the whole model's race keeps the
             fixed rules).
         prior: the lowering the fixed rules pick (`dcjax.kernels.lowering.prior`).

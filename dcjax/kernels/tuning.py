@@ -25,7 +25,7 @@ Contract:
   layer and returns a `LayerTuning` per layer: its candidates' costs and the
   choice of least expected cost. The candidates are compiled with the
   model's dense lowerings (``lowerings``, from
-  `dcjax.kernels.lowering_tuning` and `dcjax.autotune.measure_lowerings`),
+  `dcjax.kernels.lowering_tuning` and `dcjax.lowerings.measure_lowerings`),
   the dense one included, and timed in turns as ever; a dense candidate
   whose lowering is not the fixed rules' is kept as ``"dense/<lowering>"``.
 
