@@ -112,7 +112,7 @@ def measure_lowerings(
     return Lowerings(layers=tuple(out), raced=raced, kept=kept, choices=choices)
 
 
-def _race_key(analysis: Analysis, plans, measured: Mapping[str, str]) -> str:
+def _race_key(analysis: Analysis, measured: Mapping[str, str]) -> str:
     """The lowerings' race's key in the measurements' file: the model (its jaxpr,
     which holds its input's and layers' shapes) and the measured set raced."""
     text = "|".join([str(analysis.jaxpr.jaxpr), *(f"{k}={v}" for k, v in sorted(measured.items()))])
@@ -131,7 +131,7 @@ def _race_lowerings(
     its standard error (one-sided, about 94 % with 5 rounds and 97 % with 20),
     so a tie keeps the fixed rules. Read from ``cache`` where this model and
     set were raced on this machine."""
-    key = _race_key(analysis, plans, measured)
+    key = _race_key(analysis, measured)
     machine = kt.machine_key()
     got = [cache.get(machine, key, f"lowerings:{s}") for s in ("prior", "measured", "kept")]
     if all(g is not None for g in got):

@@ -472,7 +472,7 @@ def test_measured_lowerings_run_only_where_the_whole_dense_step_is_faster(model,
     cache = kt.TuningCache(tmp_path / "t.json")
     machine = kt.machine_key()
     measured = _fake_lowering_costs(cache, plans)
-    key = lowerings_mod._race_key(analysis, plans, measured)
+    key = lowerings_mod._race_key(analysis, measured)
     if verdict != "race":
         won, lost = ("prior", "measured") if verdict == "prior" else ("measured", "prior")
         cache.put(machine, key, f"lowerings:{won}", (1e-3,))
@@ -529,7 +529,7 @@ def test_a_prior_model_is_traced_with_the_fixed_rules_after_a_measured_one(
     path = tmp_path / "tuning.json"
     cache = kt.TuningCache(path)
     measured = _fake_lowering_costs(cache, plans)
-    key = lowerings_mod._race_key(prior._analysis, plans, measured)
+    key = lowerings_mod._race_key(prior._analysis, measured)
     machine = kt.machine_key()
     for label, v in (("prior", 2e-3), ("measured", 1e-3), ("kept", 1.0)):
         cache.put(machine, key, f"lowerings:{label}", (v,))
