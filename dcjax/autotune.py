@@ -94,7 +94,8 @@ class Tuning:
             plan NaN where the measurements had chosen the dense plan); else
             None.
         lowerings: the dense lowerings' measurements and choices
-            (`measure_lowerings`), where they were measured.
+            (`measure_lowerings`), where the plan reuses nothing (the
+            transform measures them after the plan is made); else None.
     """
 
     plan: str
@@ -258,7 +259,6 @@ def tune_model(
     analysis: Analysis,
     config: Config,
     *,
-    leaves: Sequence[Any],
     frame_shape: tuple[int, int, int],
     frame_dtype=jnp.uint8,
     backend: str | None = None,
@@ -273,7 +273,6 @@ def tune_model(
     Args:
         analysis: the analysed model.
         config: its `Config` (``refresh_every``, the matcher).
-        leaves: the model's parameters, flattened (the dense lowerings' race).
         frame_shape: ``(H, W, C)`` of the frames (the matchers are timed on it).
         frame_dtype: the frames' dtype.
         backend: default: jax's default backend.
@@ -301,7 +300,6 @@ def tune_model(
             f"dcjax: tune_model got {len(fractions)} fractions for {len(plans)} layers"
         )
     before = cache.puts
-    lowerings = measure_lowerings(analysis, leaves, cache=cache, progress=progress)
     results = kt.tune(
         [plans[i] for i in tuned],
         backend,
@@ -325,7 +323,6 @@ def tune_model(
         overhead=overhead,
         measured=cache.puts - before,
         seconds=time.perf_counter() - start,
-        lowerings=lowerings,
     )
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -136,23 +137,32 @@ class CachedModel:
         self._streams_fns: dict[tuple, Any] = {}  # `Streams`' jitted steps
         kernels = None
         measure = resolve_tuning(config.tuning) == "measure"
-        leaves = self._traced.leaves
-        #: the dense lowerings the model is traced with (`dcjax.kernels.lowering.use`)
-        self.lowerings: Mapping[str, str] = {}
-        if measure and not (config.kernel == "auto" and config.semantic is None):
-            found = autotune.measure_lowerings(self._analysis, leaves, progress=progress)
-            self.lowerings = found.choices
         if config.kernel == "auto" and config.semantic is None and measure:
             self.tuning = autotune.tune_model(
-                self._analysis, config, leaves=leaves, frame_shape=self.frame_shape,
+                self._analysis, config, frame_shape=self.frame_shape,
                 fractions=tuning_fractions, frames=tuning_frames, progress=progress,
             )  # fmt: skip
-            self.lowerings = self.tuning.lowerings.choices
             if self.tuning.plan == "dense":
                 config = self.config = autotune.dense_config(config)
             else:
                 kernels = self.tuning.choices
         self.plan: Plan = make_plan(self._analysis, config, jax.default_backend(), kernels)
+        #: the dense lowerings the model is traced with (`dcjax.kernels.lowering.use`):
+        #: measured for a step that reuses nothing, the only step the race checks
+        #: (a step that reuses keeps the fixed rules)
+        self.lowerings: Mapping[str, str] = {}
+        if measure and not any(self.plan.keeps_cache):
+            start = time.perf_counter()
+            found = autotune.measure_lowerings(
+                self._analysis, self._traced.leaves, progress=progress
+            )
+            self.lowerings = found.choices
+            if self.tuning is not None:
+                self.tuning = dataclasses.replace(
+                    self.tuning,
+                    lowerings=found,
+                    seconds=self.tuning.seconds + time.perf_counter() - start,
+                )
         self.layers: tuple[Layer, ...] = tuple(self._analysis.layers)
         self.dense_layers: tuple[DenseLayer, ...] = tuple(self._analysis.dense_layers)
         self.keeps_cache: tuple[bool, ...] = self.plan.keeps_cache
@@ -178,8 +188,7 @@ class CachedModel:
             plan=self.plan, analysis=self._analysis, traced=self._traced, config=config,
             matcher=matcher, semantic=self._semantic, frame_shape=self.frame_shape,
             preprocess=preprocess,
-            # the race checked the dense step only: a step that reuses keeps the fixed rules
-            lowerings=self.lowerings if not any(self.plan.keeps_cache) else {},
+            lowerings=self.lowerings,
         )  # fmt: skip
         # The state is donated: caches are updated in place, frame after frame.
         self._step_jit = jax.jit(self._step, donate_argnums=(1,))

@@ -214,16 +214,10 @@ def test_real_measurements_are_made_once_and_kept(model, monkeypatch, tmp_path):
     cfg = dcjax.Config(tuning="measure")
     first = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=False)
     assert first.tuning.measured > 0 and (tmp_path / "tuning.json").exists()
-    for t, lt in zip(first.tuning.layers, first.tuning.lowerings.layers, strict=True):
+    for t in first.tuning.layers:
         p = _plan_of(t, first)
         assert set(t.costs) == {c.name for c in kt.candidates(p, "cpu")}
         assert all(len(v) == len(kt.FRACTIONS) and min(v) > 0 for v in t.costs.values())
-        # each layer's lowerings measured; the dense candidate timed with the kept one
-        assert set(lt.costs) == set(lowering.lowerings(p)) and min(lt.costs.values()) > 0
-        assert t.lowering == lowering.prior(p)  # candidates compiled by the fixed rules
-        with lowering.use(first.lowerings):  # what the model is traced with
-            assert lowering.chosen(p) == lt.choice
-    assert "dense lowerings" in first.tuning.summary()
     second = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=False)
     assert second.tuning.measured == 0
     assert second.tuning.choices == first.tuning.choices
@@ -231,14 +225,52 @@ def test_real_measurements_are_made_once_and_kept(model, monkeypatch, tmp_path):
     _check_outputs(second, net, variables, _frames())
 
 
-@pytest.mark.parametrize("tuning", ["measure", "prior"])
-def test_fixed_kernels_still_take_measured_lowerings(model, monkeypatch, tmp_path, tuning):
-    """A fixed kernel choice measures no kernel, but under ``tuning="measure"`` each
-    layer's dense lowering is measured and recorded; under ``"prior"`` nothing is."""
+@pytest.mark.parametrize("plan", ["cached", "dense"])
+def test_lowerings_are_measured_only_for_a_step_that_reuses_nothing(model, fake, monkeypatch, plan):
+    """The measured lowerings run in the dense step only (the one their race
+    checks), so the transform measures them after the plan is made, and only
+    where no layer keeps a cache."""
+    costs, _ = fake
+    if plan == "cached":
+        costs.update(dense=lambda f: 1e-3, xla=lambda f: 1e-4 + 5e-4 * f, rows=lambda f: 2e-3)
+    else:
+        costs.update(dense=lambda f: 1e-4, xla=lambda f: 2e-4, rows=lambda f: 3e-4)
+    found = autotune.Lowerings(layers=(), choices={"a layer": "taps"})
+    calls = []
+
+    def fake_lowerings(*a, **k):
+        calls.append(a)
+        return found
+
+    monkeypatch.setattr(autotune, "measure_lowerings", fake_lowerings)
+    net, variables = model
+    cfg = dcjax.Config(tuning="measure")
+    cached = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=False)
+    assert cached.tuning.plan == plan
+    if plan == "cached":
+        assert calls == [] and cached.tuning.lowerings is None and cached.lowerings == {}
+        assert "dense lowerings" not in cached.tuning.summary()
+    else:
+        assert len(calls) == 1 and cached.tuning.lowerings is found
+        assert cached.lowerings == found.choices == cached._step.lowerings
+        assert found.summary() in cached.tuning.summary()
+
+
+@pytest.mark.parametrize(
+    "kernel,tuning,measured",
+    [("dense", "measure", True), ("xla", "measure", False), ("dense", "prior", False)],
+)
+def test_a_fixed_dense_kernel_takes_measured_lowerings(
+    model, monkeypatch, tmp_path, kernel, tuning, measured
+):
+    """A fixed kernel choice measures no kernel. Under ``tuning="measure"`` a
+    step that reuses nothing (``kernel="dense"``) has each layer's dense
+    lowering measured and recorded; a step that reuses (``"xla"``) keeps the
+    fixed rules and measures none; under ``"prior"`` nothing is measured."""
     path = tmp_path / "tuning.json"
     monkeypatch.setenv(kt.CACHE_ENV, str(path))
     net, variables = model
-    cfg = dcjax.Config(kernel="xla", tuning=tuning)
+    cfg = dcjax.Config(kernel=kernel, tuning=tuning)
     cached = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=False)
     assert cached.tuning is None
     from dcjax.transforms import queries
@@ -248,8 +280,8 @@ def test_fixed_kernels_still_take_measured_lowerings(model, monkeypatch, tmp_pat
     if path.exists():
         for layers in json.loads(path.read_text())["machines"].values():
             names |= {n for per in layers.values() for n in per}
-    if tuning == "measure":
-        names = {n for n in names if n.startswith(kt.LOWERING_PREFIX)}  # the race aside
+    names = {n for n in names if n.startswith(kt.LOWERING_PREFIX)}  # the race aside
+    if measured:
         assert names == {kt.LOWERING_PREFIX + h for p in plans for h in lowering.lowerings(p)}
     else:
         assert names == set() and cached.lowerings == {}

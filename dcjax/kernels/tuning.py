@@ -23,11 +23,10 @@ Contract:
   to 1), with one frame in ``refresh_every`` fully dirty.
 - `tune(plans, backend, ...)` measures (or reads) every candidate of every
   layer and returns a `LayerTuning` per layer: its candidates' costs and the
-  choice of least expected cost. The candidates are compiled with the
-  model's dense lowerings (``lowerings``, from
-  `dcjax.kernels.lowering_tuning` and `dcjax.lowerings.measure_lowerings`),
-  the dense one included, and timed in turns as ever; a dense candidate
-  whose lowering is not the fixed rules' is kept as ``"dense/<lowering>"``.
+  choice of least expected cost. The candidates, the dense one included,
+  are compiled with the fixed lowering rules (`dcjax.kernels.lowering.prior`):
+  a step that reuses is traced with them, whatever the model's measured
+  dense lowerings (`dcjax.lowerings`, which only the dense step takes).
 
 Nothing here knows about models or streams: `dcjax.autotune` decides per
 model (which fractions, whether the cached plan beats the dense one).
@@ -144,16 +143,12 @@ class LayerTuning:
         expected: candidate name -> `expected_cost` at the layer's fraction.
         choice: the candidate of least expected cost.
         fraction: the dirty fraction it was chosen for (None: all fractions).
-        lowering: how the layer is computed in full, by the dense candidate and
-            the sparse kernels' dense paths (`dcjax.kernels.lowering.chosen`
-            when it was tuned).
     """
 
     costs: Mapping[str, tuple[float, ...]]
     expected: Mapping[str, float]
     choice: KernelChoice
     fraction: float | None
-    lowering: str = "conv"
 
     @property
     def dense_cost(self) -> float:
@@ -196,13 +191,15 @@ def blob_mask(n: int, ho: int, wo: int, fraction: float) -> np.ndarray:
 def _inputs(p: TilePlan, dtype=jnp.float32) -> tuple[jax.Array, jax.Array]:
     """Random input and weights of the layer ``p``, shared by its candidates."""
     # Drawn by NumPy and put on the device: `jax.random` would compile a program
-    # for each new shape, more than the dense candidate's own compile.
+    # for each new shape, more than the dense candidate's own compile. Uniform in
+    # [-1, 1): a fifth of the normal draw's cost, and no kernel's speed depends
+    # on the values' distribution.
     rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.standard_normal((p.n, p.h, p.w, p.cin), np.float32).astype(dtype))
-    w = jnp.asarray(
-        rng.standard_normal((p.kh, p.kw, p.cin // p.groups, p.cout), np.float32).astype(dtype)
-    )
-    return x, w
+
+    def draw(shape):
+        return jnp.asarray((rng.random(shape, np.float32) * 2 - 1).astype(dtype))
+
+    return draw((p.n, p.h, p.w, p.cin)), draw((p.kh, p.kw, p.cin // p.groups, p.cout))
 
 
 def _compiled(p: TilePlan, choice: KernelChoice, x: jax.Array, w: jax.Array):
@@ -222,19 +219,10 @@ def _compiled(p: TilePlan, choice: KernelChoice, x: jax.Array, w: jax.Array):
     return fn, x, w, cached
 
 
-def _stored_name(c: KernelChoice, how: str, p: TilePlan) -> str:
-    """The name of candidate ``c``'s measurements in the file: a dense candidate
-    computed by another lowering than the fixed rules' (``how``) is
-    ``"dense/<how>"``, a measurement of its own."""
-    if c.impl == "dense" and how != _lowering.prior(p):
-        return f"dense/{how}"
-    return c.name
-
-
-def _compiled_with(lowerings: Mapping[str, str], p: TilePlan, choice: KernelChoice, x, w):
-    """`_compiled` traced with the model's dense ``lowerings`` (a pool thread
-    does not see the caller's `dcjax.kernels.lowering.use`)."""
-    with _lowering.use(lowerings):
+def _compiled_by_fixed_rules(p: TilePlan, choice: KernelChoice, x, w):
+    """`_compiled`, traced with the fixed lowering rules whatever `use` block the
+    caller is in: the rules a step that reuses is traced with."""
+    with _lowering.use({}):
         return _compiled(p, choice, x, w)
 
 
@@ -390,13 +378,9 @@ def tune(
     repeats: int = 5,
     progress: Callable[..., Iterable] | None = None,
     precompile: Sequence[Callable[[], Any]] = (),
-    lowerings: Mapping[str, str] | None = None,
 ) -> tuple[LayerTuning, ...]:
     """A `LayerTuning` per layer of ``plans`` (see the module docstring).
 
-    ``lowerings``: the dense lowerings the model takes (a mapping for
-    `dcjax.kernels.lowering.use`; None: the fixed rules); the candidates are
-    compiled with them.
     ``fractions``: per layer, the dirty fraction the stream shows (None: all
     fractions alike). ``progress(iterable, total=n, what=...)`` wraps the
     compiles and the measurements still to make (a tqdm bar). Each distinct
@@ -413,13 +397,10 @@ def tune(
     for p, sc in zip(plans, scattered, strict=True):
         key = layer_key(p)
         cands = candidates(p, backend, sc)
-        with _lowering.use(lowerings or {}):
-            how = _lowering.chosen(p)
-        names = {c.name: _stored_name(c, how, p) for c in cands}
-        per_layer.append((key, cands, names, how))
+        per_layer.append((key, cands))
         for c in cands:
-            if cache.get(machine, key, names[c.name]) is None:
-                todo[(key, names[c.name])] = (p, c)
+            if cache.get(machine, key, c.name) is None:
+                todo[(key, c.name)] = (p, c)
     items = list(todo.items())
     progress = progress if items else None
     # Every candidate is compiled before any is timed, so that no compile runs
@@ -435,7 +416,7 @@ def tune(
     with concurrent.futures.ThreadPoolExecutor(max(1, cores())) as pool:
         extra = [pool.submit(job) for job in precompile]
         futures = {
-            pool.submit(_compiled_with, lowerings or {}, p, c, *inputs[key]): (key, name)
+            pool.submit(_compiled_by_fixed_rules, p, c, *inputs[key]): (key, name)
             for (key, name), (p, c) in items
         }
         done = concurrent.futures.as_completed(futures)
@@ -453,8 +434,8 @@ def tune(
             cache.put(machine, key, name, costs)
     cache.save()
     out = []
-    for (key, cands, names, how), fraction in zip(per_layer, fractions, strict=True):
-        costs = {c.name: cache.get(machine, key, names[c.name]) for c in cands}
+    for (key, cands), fraction in zip(per_layer, fractions, strict=True):
+        costs = {c.name: cache.get(machine, key, c.name) for c in cands}
         expected = {name: expected_cost(v, fraction, refresh_every) for name, v in costs.items()}
         best = min(cands, key=lambda c: expected[c.name])
         out.append(
@@ -463,7 +444,6 @@ def tune(
                 expected=expected,
                 choice=best,
                 fraction=fraction,
-                lowering=how,
             )
         )
     return tuple(out)

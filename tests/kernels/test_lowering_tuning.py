@@ -160,15 +160,14 @@ def test_a_geometry_is_measured_once_per_machine(tmp_path) -> None:
     assert again.puts == 0
 
 
-def test_tune_times_the_dense_candidate_with_the_models_lowering(monkeypatch, tmp_path) -> None:
-    """The dense candidate is compiled with the model's lowering and timed in turns
-    with the sparse candidates; another lowering than the fixed rules' is a
-    measurement of its own (``"dense/<lowering>"``)."""
+def test_tune_compiles_every_candidate_by_the_fixed_rules(monkeypatch, tmp_path) -> None:
+    """The kernel candidates, the dense one included, are traced with the fixed
+    lowering rules even inside a block that names another lowering: the rules a
+    step that reuses takes. Their measurements keep the candidates' own names."""
     compiled = []
 
     def fake_compiled(p, c, *inputs):
-        if c.impl == "dense":
-            compiled.append(lw.chosen(p))  # what its trace would take
+        compiled.append((c.impl, lw.chosen(p)))  # what its trace would take
         return c
 
     monkeypatch.setattr(kt, "_compiled", fake_compiled)
@@ -180,10 +179,10 @@ def test_tune_times_the_dense_candidate_with_the_models_lowering(monkeypatch, tm
     )  # fmt: skip
     _, p, *_ = _case(*GEOMETRIES[1])  # 1x1: the fixed rules' "dot"
     cache = kt.TuningCache(tmp_path / "t.json")
-    (t,) = kt.tune([p], "cpu", cache=cache, fractions=[0.5])
-    assert compiled == ["dot"] and t.lowering == "dot" and t.choice.impl == "dense"
-    (t,) = kt.tune([p], "cpu", cache=cache, fractions=[0.5], lowerings=lw.choices([(p, "conv")]))
-    assert compiled == ["dot", "conv"] and t.lowering == "conv"  # measured anew, by its name
-    stored = cache._data[kt.machine_key()][layer_key(p)]
-    assert {"dense", "dense/conv"} <= set(stored)
-    assert t.costs["dense"] == (0.5,) * len(kt.FRACTIONS)
+    with lw.use(lw.choices([(p, "conv")])):
+        assert lw.chosen(p) == "conv"
+        (t,) = kt.tune([p], "cpu", cache=cache, fractions=[0.5])
+    cands = kt.candidates(p, "cpu")
+    assert sorted(compiled) == sorted((c.impl, "dot") for c in cands)
+    assert t.choice.impl == "dense" and t.costs["dense"] == (0.5,) * len(kt.FRACTIONS)
+    assert set(cache._data[kt.machine_key()][layer_key(p)]) == {c.name for c in cands}
