@@ -309,6 +309,7 @@ def tune_model(
         repeats=repeats,
         progress=_bar if progress and _PROGRESS.get() else None,
         precompile=_matcher_warmups(config, frame_shape, frame_dtype, cache, frames),
+        dtypes=[analysis.layers[i].dtype for i in tuned],
     )
     layers: list[kt.LayerTuning | None] = [None] * len(plans)
     for i, r in zip(tuned, results, strict=True):

@@ -6,7 +6,8 @@ the fix. The option lists come from the subsystems that own them:
 `dcjax.kernels.IMPLS` (``kernel``), `dcjax.matching.MATCHERS` (``matcher``,
 each with its typed options), `dcjax.matching.KEYS` (``key``),
 `dcjax.matching.COLORS` (``color``), `dcjax.transforms.motion.ALIGNMENTS`
-(``alignment``) and `dcjax.transforms.refine.METRICS` (``RefineConfig.metric``).
+(``alignment``), `dcjax.transforms.refine.METRICS` (``RefineConfig.metric``)
+and `dcjax.transforms.trace.COMPUTE_DTYPES` (``compute_dtype``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dcjax.kernels.tuning import TUNINGS
 from dcjax.matching.matcher import COLORS, KEYS, MATCHERS, matcher_options
 from dcjax.transforms.motion import ALIGNMENTS
 from dcjax.transforms.refine import METRICS
+from dcjax.transforms.trace import COMPUTE_DTYPES
 
 __all__ = ["Config", "RefineConfig", "SemanticConfig"]
 
@@ -294,6 +296,14 @@ class Config:
             ``info["flops_ratio"]`` are NaN except on still frames (skipped:
             every layer reused, nothing computed); outputs and caches are the
             same. Semantic exits always report them.
+        compute_dtype: the floating-point type the model runs in, one of
+            `dcjax.transforms.trace.COMPUTE_DTYPES`: its floating variables
+            and input are cast to it, so every layer and every cache has it
+            (``"bfloat16"`` halves the caches' memory and, on GPUs and TPUs,
+            runs on their low-precision units), and its floating outputs are
+            returned as float32. None (the default): the model's own types.
+            The measured tuning times the kernels in this type; the dense
+            lowerings are measured for float32 layers only.
     """
 
     block_size: int = 10
@@ -316,6 +326,7 @@ class Config:
     statistics: bool = True
     dense_updates: bool = True
     tuning: str | None = None
+    compute_dtype: str | None = None
 
     def __post_init__(self) -> None:
         _check(
@@ -361,6 +372,11 @@ class Config:
         _check(
             self.tuning is None or self.tuning in TUNINGS,
             f"Config.tuning must be None or one of {TUNINGS}, got {self.tuning!r}",
+        )
+        _check(
+            self.compute_dtype is None or self.compute_dtype in COMPUTE_DTYPES,
+            f"Config.compute_dtype must be None or one of {COMPUTE_DTYPES}, "
+            f"got {self.compute_dtype!r}",
         )
         _check(
             self.kernel in IMPLS,

@@ -128,7 +128,9 @@ class CachedModel:
             from dcjax.transforms.exits import marked
 
             model = marked(model, config.semantic.exit_points)
-        self._traced = trace_model(model, variables, self.frame_shape, input_dtype)
+        self._traced = trace_model(
+            model, variables, self.frame_shape, input_dtype, config.compute_dtype
+        )
         n = len(self._traced.leaves)
         frame_sig = Spatial(axes=(1, 2), size=self.frame_shape[:2], stride=(1, 1))
         self._analysis = analyze(self._traced.jaxpr, [None] * n + [frame_sig], [False] * n + [True])

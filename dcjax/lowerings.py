@@ -96,7 +96,12 @@ def measure_lowerings(
     """
     cache = kt.TuningCache(kt.default_path()) if cache is None else cache
     plans = queries.layer_tile_plans(analysis)
-    tuned = [i for i, p in enumerate(plans) if p is not None]
+    # float32 layers only: the others take the fixed rules (`lowering.chosen`)
+    tuned = [
+        i
+        for i, p in enumerate(plans)
+        if p is not None and jnp.dtype(analysis.layers[i].dtype) == jnp.float32
+    ]
     layer_plans = [plans[i] for i in tuned]
     found = tune_lowerings(layer_plans, cache=cache, progress=progress)
     measured = lowering.choices((p, t.choice) for p, t in zip(layer_plans, found, strict=True))

@@ -378,9 +378,13 @@ def tune(
     repeats: int = 5,
     progress: Callable[..., Iterable] | None = None,
     precompile: Sequence[Callable[[], Any]] = (),
+    dtypes: Sequence[Any] | None = None,
 ) -> tuple[LayerTuning, ...]:
     """A `LayerTuning` per layer of ``plans`` (see the module docstring).
 
+    ``dtypes``: per layer, the type its convolution computes in (None: all
+    float32); the candidates are timed in it, and its measurements are kept
+    under it (`layer_key`).
     ``fractions``: per layer, the dirty fraction the stream shows (None: all
     fractions alike). ``progress(iterable, total=n, what=...)`` wraps the
     compiles and the measurements still to make (a tqdm bar). Each distinct
@@ -391,11 +395,14 @@ def tune(
     n = len(plans)
     fractions = [None] * n if fractions is None else list(fractions)
     scattered = [False] * n if scattered is None else list(scattered)
+    dtypes = [jnp.float32] * n if dtypes is None else list(dtypes)
     machine = machine_key()
     todo: dict[tuple[str, str], tuple[TilePlan, KernelChoice]] = {}
     per_layer = []
-    for p, sc in zip(plans, scattered, strict=True):
-        key = layer_key(p)
+    dtype_of: dict[str, Any] = {}
+    for p, sc, dtype in zip(plans, scattered, dtypes, strict=True):
+        key = layer_key(p, dtype)
+        dtype_of[key] = dtype
         cands = candidates(p, backend, sc)
         per_layer.append((key, cands))
         for c in cands:
@@ -411,7 +418,7 @@ def tune(
     inputs: dict[str, tuple] = {}
     for (key, _), (p, _) in items:
         if key not in inputs:
-            inputs[key] = _inputs(p)
+            inputs[key] = _inputs(p, dtype_of[key])
     by_layer: dict[str, dict[str, tuple]] = {}
     with concurrent.futures.ThreadPoolExecutor(max(1, cores())) as pool:
         extra = [pool.submit(job) for job in precompile]
