@@ -70,7 +70,8 @@ def test_a_bfloat16_step_keeps_bfloat16_caches_and_matches_the_bfloat16_model(mo
     cfg = dcjax.Config(kernel=kernel, tuning="prior", compute_dtype="bfloat16")
     cached = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=False)
     state = cached.init()
-    caches = [c for c in jax.tree_util.tree_leaves(state.caches) if jnp.issubdtype(c.dtype, jnp.floating)]
+    leaves = jax.tree_util.tree_leaves(state.caches)
+    caches = [c for c in leaves if jnp.issubdtype(c.dtype, jnp.floating)]
     assert caches and {c.dtype for c in caches} == {jnp.dtype(jnp.bfloat16)}
     bf = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), variables)
     reused = []
