@@ -37,6 +37,7 @@ network (`Config.skip_unchanged`, on by default).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import time
@@ -165,11 +166,8 @@ class CachedModel:
                     lowerings=found,
                     seconds=self.tuning.seconds + time.perf_counter() - start,
                 )
-        self.layers: tuple[Layer, ...] = tuple(self._analysis.layers)
-        self.dense_layers: tuple[DenseLayer, ...] = tuple(self._analysis.dense_layers)
-        self.keeps_cache: tuple[bool, ...] = self.plan.keeps_cache
-        self.epilogues: tuple[tuple[str, ...], ...] = self.plan.epilogues
-        self.total_flops = self.plan.total_flops
+        self._preprocess = preprocess
+        self._kernels = kernels
         self.unsupported_primitives: tuple[str, ...] = self.plan.unsupported
         if self.unsupported_primitives:
             warnings.warn(
@@ -178,6 +176,15 @@ class CachedModel:
                 "full and nothing downstream of them is reused",
                 stacklevel=3,
             )
+        self._build(config)
+
+    def _build(self, config: Config) -> None:
+        """The step of ``self.plan`` under ``config``, and what derives from the plan."""
+        self.layers: tuple[Layer, ...] = tuple(self._analysis.layers)
+        self.dense_layers: tuple[DenseLayer, ...] = tuple(self._analysis.dense_layers)
+        self.keeps_cache: tuple[bool, ...] = self.plan.keeps_cache
+        self.epilogues: tuple[tuple[str, ...], ...] = self.plan.epilogues
+        self.total_flops = self.plan.total_flops
         self._semantic = None
         if config.semantic is not None:
             from dcjax.semantic.smtm import SemanticExits
@@ -189,7 +196,7 @@ class CachedModel:
         self._step = Step(
             plan=self.plan, analysis=self._analysis, traced=self._traced, config=config,
             matcher=matcher, semantic=self._semantic, frame_shape=self.frame_shape,
-            preprocess=preprocess,
+            preprocess=self._preprocess,
             lowerings=self.lowerings,
         )  # fmt: skip
         # The state is donated: caches are updated in place, frame after frame.
@@ -212,6 +219,26 @@ class CachedModel:
         self._bare_jit = jax.jit(self._bare_step) if self.bare else None
 
     # -- public API ----------------------------------------------------------
+
+    def with_statistics(self, statistics: bool) -> CachedModel:
+        """This model with ``Config.statistics`` set to ``statistics``, on the same
+        plan: the same kernels, lowerings and tuning, the same plan the
+        measurements and the race chose, nothing measured or raced again (a
+        second `transform` could race to another plan). A model of its own: a
+        step compiled anew, states from its own `init`.
+
+        Raises:
+            ValueError: the model has semantic exits (which always report the
+                statistics).
+        """
+        if self.config.semantic is not None:
+            raise ValueError("dcjax: semantic exits always report the statistics")
+        twin = copy.copy(self)
+        twin.config = dataclasses.replace(self.config, statistics=bool(statistics))
+        twin.plan = make_plan(self._analysis, twin.config, jax.default_backend(), self._kernels)
+        twin._streams_fns = {}
+        twin._build(twin.config)
+        return twin
 
     @property
     def trace_count(self) -> int:

@@ -112,6 +112,16 @@ class Adaptive:
         self.switches: list[Switch] = []
         self._warm = False
 
+    def with_statistics(self, statistics: bool) -> Adaptive:
+        """The same plans with ``Config.statistics`` set
+        (`dcjax.deepcache.CachedModel.with_statistics`), switched by the same
+        controller; no switch made yet."""
+        return Adaptive(
+            [m.with_statistics(statistics) for m in self.models], self.levels,
+            smoothing=self.smoothing, margin=self.margin, patience=self.patience,
+            start=self.start,
+        )  # fmt: skip
+
     def init(self) -> AdaptiveState:
         """A fresh stream, on the middle plan (or ``start``)."""
         return AdaptiveState(

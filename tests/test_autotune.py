@@ -1,6 +1,7 @@
 """The measured plan (`dcjax.autotune`): per-layer kernels from measurements,
 the dense plan where caching cannot pay, calibration on the stream's frames."""
 
+import dataclasses
 import json
 import time
 import types
@@ -579,3 +580,27 @@ def test_a_prior_model_is_traced_with_the_fixed_rules_after_a_measured_one(
     assert again.lowerings == {}
     assert dots(first) > dots(again) == dots(prior)  # the second layer as a product, or not
     _check_outputs(first, net, variables, _frames())
+
+
+def test_with_statistics_keeps_the_plan_and_leaves_the_model_as_it_was(model):
+    net, variables = model
+    cfg = dcjax.Config(kernel="xla", tuning="prior")
+    cached = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg, progress=False)
+    twin = cached.with_statistics(False)
+    assert twin.config == dataclasses.replace(cfg, statistics=False)
+    assert cached.config.statistics is True  # the original untouched
+    assert twin.keeps_cache == cached.keeps_cache and all(twin.keeps_cache)
+    a, b = cached.init(), twin.init()
+    for f in _frames():
+        out_a, a, info_a = cached.step(a, f)
+        out_b, b, info_b = twin.step(b, f)
+        np.testing.assert_allclose(np.asarray(out_a), np.asarray(out_b), rtol=1e-6, atol=1e-7)
+        if not bool(info_b["skipped"]):
+            assert np.isnan(float(info_b["flops_ratio"]))
+        assert np.isfinite(float(info_a["flops_ratio"]))
+    semantic = dcjax.transform(
+        net, variables, frame_shape=SHAPE, progress=False,
+        config=dcjax.Config(semantic=dcjax.SemanticConfig(), tuning="prior"),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="semantic exits always report"):
+        semantic.with_statistics(False)

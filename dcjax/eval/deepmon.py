@@ -146,8 +146,7 @@ def _deepmon(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
         dense_updates=False,
     )
 
-    def build(cfg):
-        cached = transform(spec, cfg)
+    def runner(cached, cfg):
         first = opts.get("first_convs")
         if first is None:
             first = default_first_convs(cached.layers, opts["max_stride"])
@@ -179,4 +178,4 @@ def _deepmon(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
             cached=cached,
         )
 
-    return with_timed_twin(build, cfg)
+    return with_timed_twin(lambda cfg: transform(spec, cfg), runner, cfg)

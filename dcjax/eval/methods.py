@@ -256,24 +256,33 @@ def tuning_dict(cached: deepcache.CachedModel) -> dict[str, Any]:
     return {"plan": tuning.plan, "kernels": {n: names.count(n) for n in sorted(set(names))}}
 
 
-def with_timed_twin(build: Callable[[Config], Runner], cfg: Config) -> Runner:
-    """``build`` of ``cfg`` with statistics, whose `Runner.timed` is ``build`` of
-    ``cfg`` without them, whatever ``cfg.statistics`` says (the harness reports
-    them and times the step without them); with semantic exits, which always
-    report them, ``build(cfg)`` alone."""
+def with_timed_twin(
+    build: Callable[[Config], Any], runner: Callable[[Any, Config], Runner], cfg: Config
+) -> Runner:
+    """The `Runner` (``runner(model, cfg)``) of ``build(cfg)`` with statistics,
+    whose `Runner.timed` runs the same model without them, whatever
+    ``cfg.statistics`` says (the harness reports them and times the step
+    without them). The twin is ``model.with_statistics(False)``
+    (`dcjax.deepcache.CachedModel.with_statistics`,
+    `dcjax.switching.Adaptive.with_statistics`): the same plan, not a second
+    `transform`, whose race on the calibration frames could choose another
+    plan and mix one plan's times and outputs with another's statistics. With
+    semantic exits, which always report them, ``runner(build(cfg), cfg)``
+    alone."""
     if cfg.semantic is not None:
-        return build(cfg)
-    runner = build(dataclasses.replace(cfg, statistics=True))
+        return runner(build(cfg), cfg)
+    with_stats = dataclasses.replace(cfg, statistics=True)
+    model = build(with_stats)
+    without = dataclasses.replace(cfg, statistics=False)
     return dataclasses.replace(
-        runner, timed=lambda: build(dataclasses.replace(cfg, statistics=False))
+        runner(model, with_stats), timed=lambda: runner(model.with_statistics(False), without)
     )
 
 
 def cached_runner(method: str, spec: ModelSpec, cfg: Config) -> Runner:
     """The runner of `transform` of ``spec`` with ``cfg``, with its timed twin."""
 
-    def build(cfg: Config) -> Runner:
-        cached = transform(spec, cfg)
+    def runner(cached: deepcache.CachedModel, cfg: Config) -> Runner:
         return Runner(
             method=method,
             init=cached.init,
@@ -284,7 +293,7 @@ def cached_runner(method: str, spec: ModelSpec, cfg: Config) -> Runner:
             cached=cached,
         )
 
-    return with_timed_twin(build, cfg)
+    return with_timed_twin(lambda cfg: transform(spec, cfg), runner, cfg)
 
 
 @register_method(

@@ -85,8 +85,7 @@ def build_adaptive(
 def _adaptive(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
     cfg, levels, controller = adaptive_options(options)
 
-    def build(cfg) -> Runner:
-        a = build_adaptive(spec, cfg, levels, controller)
+    def runner(a: switching.Adaptive, cfg) -> Runner:
         first = a.models[0]
         return Runner(
             method="adaptive",
@@ -101,4 +100,4 @@ def _adaptive(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
             total_flops=int(first.total_flops),
         )
 
-    return with_timed_twin(build, cfg)
+    return with_timed_twin(lambda cfg: build_adaptive(spec, cfg, levels, controller), runner, cfg)

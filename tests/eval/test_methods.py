@@ -233,3 +233,39 @@ def test_runners_say_which_layers_they_compute_sparsely(spec):
     never = make_runner(spec, "deepcache", {"kernel": "xla", "psnr_threshold": float("inf")})
     assert all(never.cached.keeps_cache) and not any(lay.sparse for lay in never.layers)
     assert all(lay.sparse is None for lay in make_runner(spec, "nocache").layers)
+
+
+def test_the_timed_twin_runs_the_plan_the_reporting_runner_raced_to(
+    spec, clip, monkeypatch, tmp_path
+):
+    """The timed twin is the reporting runner's model without statistics
+    (`CachedModel.with_statistics`), not a second transform: a second race on
+    the calibration frames may pick another plan, and the record would mix one
+    plan's times and outputs with another's statistics."""
+    import dataclasses
+
+    from dcjax import autotune
+    from dcjax.eval.registry import make_runner
+    from tests.tuning_fakes import fake_measurements
+
+    costs = {"dense": lambda f: 1e-3, "xla": lambda f: 1e-4 + 5e-4 * f, "rows": lambda f: 2e-3}
+    fake_measurements(monkeypatch, tmp_path / "tuning.json", costs)
+    verdicts = iter([(1.0, 2.0, 3.0), (3.0, 2.0, 1.0)])  # cached wins, then nocache would
+    monkeypatch.setattr(autotune, "race", lambda models, frames, *a, **k: next(verdicts))
+    calibrated = dataclasses.replace(spec, calibration=np.asarray(clip))
+    runner = make_runner(calibrated, "deepcache", {"tuning": "measure"})
+    timed = runner.timed()  # no race: a second one would have chosen nocache
+    assert runner.config["plan"] == timed.config["plan"] == "cached"
+    assert timed.cached.tuning is runner.cached.tuning
+    assert timed.cached.keeps_cache == runner.cached.keeps_cache and any(timed.cached.keeps_cache)
+    assert [lp.kernel for lp in timed.cached.plan.layers] == [
+        lp.kernel for lp in runner.cached.plan.layers
+    ]
+    assert timed.config["statistics"] is False and runner.config["statistics"] is True
+    a, b = runner.init(), timed.init()
+    for f in clip:  # one plan: the same outputs; statistics from the reporting runner only
+        out_a, a, info_a = runner.step(a, jnp.asarray(f))
+        out_b, b, info_b = timed.step(b, jnp.asarray(f))
+        np.testing.assert_allclose(np.asarray(out_a), np.asarray(out_b), rtol=1e-5, atol=1e-6)
+        assert np.isfinite(float(info_a["flops_ratio"]))
+    assert np.isnan(float(info_b["flops_ratio"])) or bool(info_b["skipped"])
