@@ -17,6 +17,7 @@ from dcjax import autotune
 from dcjax import lowerings as lowerings_mod
 from dcjax.kernels import lowering
 from dcjax.kernels import tuning as kt
+from tests.translated import panning_frames
 from tests.tuning_fakes import fake_measurements
 
 SHAPE = (24, 24, 3)
@@ -38,9 +39,7 @@ def model():
 
 
 def _frames(t=6, seed=0):
-    rng = np.random.default_rng(seed)
-    base = rng.integers(0, 256, (SHAPE[0] + t, SHAPE[1] + t, 3)).astype(np.uint8)
-    frames = np.stack([base[i : i + SHAPE[0], : SHAPE[1]] for i in range(t)])
+    frames = panning_frames(SHAPE, t, seed)
     frames[3] = frames[2]  # a still frame
     return frames
 

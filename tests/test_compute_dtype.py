@@ -15,6 +15,7 @@ import pytest
 import dcjax
 from dcjax.kernels import tuning as kt
 from dcjax.transforms.trace import COMPUTE_DTYPES, trace_model
+from tests.translated import panning_frames
 from tests.tuning_fakes import fake_measurements
 
 SHAPE = (24, 24, 3)
@@ -33,13 +34,6 @@ class Net(nn.Module):
 def model():
     net = Net()
     return net, net.init(jax.random.key(0), jnp.zeros((1, *SHAPE)))
-
-
-def _frames(t=6, seed=0):
-    """Frames of one scene moving by a pixel a frame (so that some work is reused)."""
-    rng = np.random.default_rng(seed)
-    base = rng.integers(0, 256, (SHAPE[0] + t, SHAPE[1] + t, 3)).astype(np.uint8)
-    return np.stack([base[i : i + SHAPE[0], : SHAPE[1]] for i in range(t)])
 
 
 def test_trace_casts_floating_variables_and_input_and_returns_float32():
@@ -75,7 +69,7 @@ def test_a_bfloat16_step_keeps_bfloat16_caches_and_matches_the_bfloat16_model(mo
     assert caches and {c.dtype for c in caches} == {jnp.dtype(jnp.bfloat16)}
     bf = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), variables)
     reused = []
-    for f in _frames():
+    for f in panning_frames(SHAPE, 6):
         out, state, info = cached.step(state, f)
         reused.append(float(info["reuse_fraction"].mean()))
         x = jnp.asarray(f, jnp.float32)[None] / 255.0

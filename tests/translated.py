@@ -23,6 +23,15 @@ def translated_pair(shape, motion, seed):
     return prev, cur, mask
 
 
+def panning_frames(shape, t: int, seed: int = 0) -> np.ndarray:
+    """``t`` uint8 frames of ``shape`` (H, W, C): one random scene seen through a
+    window that moves down a pixel a frame."""
+    h, w, c = shape
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, (h + t, w + t, c)).astype(np.uint8)
+    return np.stack([base[i : i + h, :w] for i in range(t)])
+
+
 def nothing_reusable(shape) -> dcjax.Match:
     """A match that lets nothing be reused: given to a stream's first step, whose
     later steps are given matches, both steps run one compiled program (a step
