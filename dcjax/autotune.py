@@ -68,8 +68,9 @@ __all__ = [
 
 #: What the tuning may decide: reuse with the measured kernels, the dense step
 #: with the still-frame skip (`dense_config`), or, after a race on calibration
-#: frames, the dense step with no matcher at all (`nocache_config`).
-PLANS = ("cached", "dense", "nocache")
+#: frames, the dense step with no matcher at all (`nocache_config`) or reuse
+#: with the fixed rules' kernels (``tuning="prior"``).
+PLANS = ("cached", "dense", "nocache", "prior")
 
 #: Consecutive pairs of calibration frames the matchers are timed on (`tune_model`).
 MATCH_PAIRS = 8
@@ -89,10 +90,11 @@ class Tuning:
             cost over the still-frame test's.
         measured: measurements made now (0 when all came from the file).
         seconds: wall time of the tuning.
-        raced: seconds a frame of the tuned, the dense and the nocache plans
-            over calibration frames (`race`), where they raced (the tuned
-            plan NaN where the measurements had chosen the dense plan); else
-            None.
+        raced: seconds a frame of each of `PLANS` over calibration frames
+            (`race`), NaN for a plan that did not race (the cached plan where
+            the measurements had chosen the dense plan; the fixed rules' where
+            the measurements had chosen the dense plan or the same kernels);
+            else None.
         lowerings: the dense lowerings' measurements and choices
             (`measure_lowerings`), where the plan reuses nothing (the
             transform measures them after the plan is made); else None.
@@ -116,8 +118,9 @@ class Tuning:
         """One line: the plan, the kernels chosen and the expected saving."""
         names = [t.choice.impl for t in self.layers if t is not None]
         counts = ", ".join(f"{n} {names.count(n)}" for n in sorted(set(names)))
+        measured = "measured kernels" if self.plan == "prior" else "kernels"
         return (
-            f"plan {self.plan}: kernels {counts or 'none'}; "
+            f"plan {self.plan}: {measured} {counts or 'none'}; "
             + ("" if self.lowerings is None else self.lowerings.summary() + "; ")
             + "expected saving "
             f"{self.saving * 1e3:.2f} ms a frame against {self.overhead * 1e3:.2f} ms of "

@@ -57,6 +57,7 @@ from dcjax.plan import Plan, make_plan
 from dcjax.state import CacheState, init_state
 from dcjax.step import Step, frame_finite
 from dcjax.streams import Streams
+from dcjax.transforms import queries
 from dcjax.transforms.analysis import analyze
 from dcjax.transforms.interpreter import dense_forward
 from dcjax.transforms.records import DenseLayer, Layer
@@ -498,11 +499,13 @@ def transform(
             chosen for the dirty fraction these frames show there, found by
             running them through the model with every layer cached, and the
             block matcher's cost is timed on them; then the tuned plan, the
-            dense plan (`dcjax.autotune.dense_config`) and the dense step
-            without a matcher (`dcjax.autotune.nocache_config`) race over the
-            frames, and the fastest is returned (``tuning.plan``,
-            ``tuning.raced``). None: kernels chosen for every fraction alike,
-            no race. Ignored where tuning does not run.
+            dense plan (`dcjax.autotune.dense_config`), the dense step
+            without a matcher (`dcjax.autotune.nocache_config`) and, where
+            the tuned kernels differ from the fixed rules', the fixed rules'
+            plan (``tuning="prior"``) race over the frames, and the fastest
+            is returned (``tuning.plan``, ``tuning.raced``). None: kernels
+            chosen for every fraction alike, no race. Ignored where tuning
+            does not run.
         progress: show a progress bar while kernels are measured.
 
     Returns:
@@ -542,30 +545,48 @@ def transform(
     # The layers' measurements leave out what the step adds around them: the
     # plans race over the calibration frames, and the fastest is kept. A dense
     # plan races the step without a matcher (on a small network the still-frame
-    # test may cost more than the still frames save).
-    plans = list(autotune.PLANS[autotune.PLANS.index(tuning.plan) :])
-    makes = {"dense": autotune.dense_config, "nocache": autotune.nocache_config}
-    models = (
-        [cached]
-        + [
-            CachedModel(
-                model,
-                variables,
-                frame_shape=frame_shape,
-                config=makes[plan](config),
-                preprocess=preprocess,
-                input_dtype=input_dtype,
-            )  # fmt: skip
-            for plan in plans[1:]
-        ]
-    )
+    # test may cost more than the still frames save); a cached plan races the
+    # fixed rules' kernels too, where they differ (layers timed alone mispredict
+    # a network whose branches XLA runs side by side).
+    plans = [p for p in autotune.PLANS[autotune.PLANS.index(tuning.plan) :] if p != "prior"]
+    makes = {
+        "dense": autotune.dense_config,
+        "nocache": autotune.nocache_config,
+        "prior": lambda c: dataclasses.replace(c, tuning="prior"),
+    }
+
+    def made(plan: str) -> CachedModel:
+        return CachedModel(
+            model, variables, frame_shape=frame_shape, config=makes[plan](config),
+            preprocess=preprocess, input_dtype=input_dtype,
+        )  # fmt: skip
+
+    models = [cached] + [made(plan) for plan in plans[1:]]
+    if tuning.plan == "cached" and _unlike_prior(cached):
+        plans.append("prior")
+        models.append(made("prior"))
     times = autotune.race(models, calibration)
     best = int(np.argmin(times))
     winner = models[best]
-    raced = tuple(times) if tuning.plan == "cached" else (float("nan"), *times)
+    by_plan = dict(zip(plans, times, strict=True))
+    raced = tuple(float(by_plan.get(p, float("nan"))) for p in autotune.PLANS)
     winner.tuning = dataclasses.replace(tuning, plan=plans[best], raced=raced)
     winner.calibration = calibration
     return winner
+
+
+def _unlike_prior(cached: CachedModel) -> bool:
+    """Whether the measured kernels of ``cached`` differ from what the fixed
+    rules (`dcjax.kernels.auto.choose`) give some layer."""
+    from dcjax.kernels import auto
+
+    backend = jax.default_backend()
+    tiles = queries.layer_tile_plans(cached._analysis)
+    for p, lp, choice in zip(tiles, cached.plan.layers, cached.tuning.choices, strict=True):
+        if p is not None and choice is not None:
+            if auto.choose(p, backend, scattered=lp.refined)[0] != choice.impl:
+                return True
+    return False
 
 
 def calibrate(

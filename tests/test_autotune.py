@@ -15,6 +15,7 @@ import pytest
 import dcjax
 from dcjax import autotune
 from dcjax import lowerings as lowerings_mod
+from dcjax.eval import methods
 from dcjax.kernels import lowering
 from dcjax.kernels import tuning as kt
 from tests.translated import panning_frames
@@ -320,30 +321,67 @@ def test_the_dense_plan_is_not_taken_where_it_would_change_the_method(model, fak
 @pytest.mark.parametrize(
     ("times", "plan"),
     [
-        ((2e-3, 1e-3, 3e-3), "dense"),
-        ((1e-3, 2e-3, 3e-3), "cached"),
-        ((3e-3, 2e-3, 1e-3), "nocache"),
+        ((2e-3, 1e-3, 3e-3, 4e-3), "dense"),
+        ((1e-3, 2e-3, 3e-3, 4e-3), "cached"),
+        ((3e-3, 2e-3, 1e-3, 4e-3), "nocache"),
+        ((3e-3, 2e-3, 4e-3, 1e-3), "prior"),
     ],
 )
 def test_with_calibration_frames_the_faster_plan_of_a_race_is_kept(
     model, fake, monkeypatch, times, plan
 ):
+    """The measured plan races the dense plan, the step without a matcher and,
+    where its kernels differ from the fixed rules', the fixed rules' plan."""
     costs, _ = fake
     costs.update(dense=lambda f: 1e-3, xla=lambda f: 1e-4, rows=lambda f: 2e-3)
-    monkeypatch.setattr(autotune, "race", lambda models, frames: times)
+    raced = []
+
+    def race(models, frames):
+        raced.append([(m.config.matcher, any(m.keeps_cache), m.tuning is None) for m in models])
+        return times
+
+    monkeypatch.setattr(autotune, "race", race)
     net, variables = model
     cfg = dcjax.Config(tuning="measure")
     cached = dcjax.transform(
         net, variables, frame_shape=SHAPE, config=cfg, calibration=_frames(), progress=False
     )
+    # the measurements compute the tiny layers with tiles, the fixed rules in full
+    assert raced == [
+        [("diamond", True, False), ("static", False, True), ("none", False, True)]
+        + [("diamond", False, True)]  # the fixed rules: every tiny layer in full
+    ]
     assert cached.tuning.plan == plan and cached.tuning.raced == times
     assert any(cached.keeps_cache) == (plan == "cached")
-    assert (
-        cached.config.matcher == {"cached": "diamond", "dense": "static", "nocache": "none"}[plan]
-    )
+    matchers = {"cached": "diamond", "dense": "static", "nocache": "none", "prior": "diamond"}
+    assert cached.config.matcher == matchers[plan]
     assert cached.config.skip_unchanged == (plan != "nocache")
+    if plan in ("cached", "prior"):
+        assert cached.config.tuning == ("prior" if plan == "prior" else "measure")
+    if plan == "prior":  # the fixed rules' kernels: none measured
+        assert all(lp.kernel is None for lp in cached.plan.layers)
+        assert methods.tuning_dict(cached) == {"plan": "prior"}
+        assert "measured kernels" in cached.tuning.summary()
     assert "raced on the calibration frames" in cached.tuning.summary()
     _check_outputs(cached, net, variables, _frames())
+
+
+def test_the_fixed_rules_race_only_where_their_kernels_differ(model, fake, monkeypatch):
+    from dcjax.kernels import auto
+
+    costs, _ = fake
+    costs.update(dense=lambda f: 1e-3, xla=lambda f: 1e-4, rows=lambda f: 2e-3)
+    monkeypatch.setattr(auto, "choose", lambda p, backend, scattered=False: ("xla", None))
+    counts = []
+    monkeypatch.setattr(
+        autotune, "race", lambda models, frames: counts.append(len(models)) or (1e-3, 2e-3, 3e-3)
+    )
+    net, variables = model
+    cached = dcjax.transform(net, variables, frame_shape=SHAPE, calibration=_frames(),
+                             config=dcjax.Config(tuning="measure"), progress=False)  # fmt: skip
+    # the measurements chose what the fixed rules give: nothing to race them for
+    assert cached.tuning.plan == "cached" and counts == [3]
+    assert np.isnan(cached.tuning.raced[3])
 
 
 def test_a_dense_plan_races_the_step_without_a_matcher(model, fake, monkeypatch):
@@ -360,7 +398,8 @@ def test_a_dense_plan_races_the_step_without_a_matcher(model, fake, monkeypatch)
         cached = dcjax.transform(net, variables, frame_shape=SHAPE, calibration=_frames(),
                                  config=dcjax.Config(tuning="measure"), progress=False)  # fmt: skip
         assert cached.tuning.plan == plan
-        assert np.isnan(cached.tuning.raced[0]) and cached.tuning.raced[1:] == times
+        assert np.isnan(cached.tuning.raced[0]) and cached.tuning.raced[1:3] == times
+        assert np.isnan(cached.tuning.raced[3])
         assert cached.config.matcher == {"dense": "static", "nocache": "none"}[plan]
         assert "cached" not in cached.tuning.summary().split("raced")[1]
         _check_outputs(cached, net, variables, _frames())

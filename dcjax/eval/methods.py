@@ -247,10 +247,10 @@ def transform(spec: ModelSpec, config: Config) -> deepcache.CachedModel:
 
 def tuning_dict(cached: deepcache.CachedModel) -> dict[str, Any]:
     """What the measured tuning decided (`dcjax.autotune.Tuning`), for the
-    metrics: ``plan`` ("cached", "dense", or "prior" where it did not run) and
-    the number of layers given each kernel."""
+    metrics: ``plan`` (one of `dcjax.autotune.PLANS`, "prior" also where it
+    did not run) and the number of layers given each kernel."""
     tuning = cached.tuning
-    if tuning is None:
+    if tuning is None or tuning.plan == "prior":  # the fixed rules' kernels run
         return {"plan": "prior"}
     names = [c.impl for c in tuning.choices if c is not None]
     return {"plan": tuning.plan, "kernels": {n: names.count(n) for n in sorted(set(names))}}
