@@ -250,8 +250,11 @@ def test_the_timed_twin_runs_the_plan_the_reporting_runner_raced_to(
 
     costs = {"dense": lambda f: 1e-3, "xla": lambda f: 1e-4 + 5e-4 * f, "rows": lambda f: 2e-3}
     fake_measurements(monkeypatch, tmp_path / "tuning.json", costs)
-    verdicts = iter([(1.0, 2.0, 3.0), (3.0, 2.0, 1.0)])  # cached wins, then nocache would
-    monkeypatch.setattr(autotune, "race", lambda models, frames, *a, **k: next(verdicts))
+    # cached wins, then nocache would (the fixed rules' plan races fourth where it differs)
+    verdicts = iter([(1.0, 2.0, 3.0, 4.0), (3.0, 2.0, 1.0, 4.0)])
+    monkeypatch.setattr(
+        autotune, "race", lambda models, frames, *a, **k: next(verdicts)[: len(models)]
+    )
     calibrated = dataclasses.replace(spec, calibration=np.asarray(clip))
     runner = make_runner(calibrated, "deepcache", {"tuning": "measure"})
     timed = runner.timed()  # no race: a second one would have chosen nocache
