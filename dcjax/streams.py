@@ -62,7 +62,7 @@ from dcjax import inputs
 from dcjax.matching import Match
 
 if TYPE_CHECKING:
-    from dcjax.deepcache import CachedModel
+    from dcjax.cached_model import CachedModel
 
 __all__ = ["SCHEDULES", "Streams", "refresh_phases", "stacked"]
 
