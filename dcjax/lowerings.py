@@ -4,11 +4,11 @@
 (`dcjax.kernels.lowering_tuning`) and, where a measured choice differs from
 the fixed rules' (`dcjax.kernels.lowering.prior`), races the model's whole
 dense step with each set; the measured set is kept only when it wins beyond
-the race's noise. The result's ``choices`` are what the transform traces the
-model with (`dcjax.kernels.lowering.use`): `dcjax.autotune.tune_model`
-compiles the kernel candidates with them, `dcjax.deepcache.CachedModel`
-steps with them, `dcjax.eval.methods.fast_apply` (the ``nocache`` baseline)
-too.
+the race's noise. The result's ``choices`` are what the dense step is traced
+with (`dcjax.kernels.lowering.use`): a `dcjax.cached_model.CachedModel` whose
+plan reuses nothing measures and steps with them, and so does
+`dcjax.eval.methods.fast_apply` (the ``nocache`` baseline); a step that reuses
+and the kernel tuning's candidates keep the fixed rules.
 """
 
 from __future__ import annotations

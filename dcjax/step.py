@@ -1,6 +1,6 @@
 """The per-frame step of a cached model: match, decide, run the network with reuse.
 
-`Step` is what `dcjax.deepcache.CachedModel` jits. One call,
+`Step` is what `dcjax.cached_model.CachedModel` jits. One call,
 ``step(leaves, state, frame, match) -> (output, state, info)``:
 
 1. matches the frame against the state's key (`dcjax.matching.StreamMatcher`,

@@ -9,7 +9,7 @@
 Contract:
 
 - ``streams.step(states, frames)`` equals ``n`` independent
-  `dcjax.deepcache.CachedModel.step` calls, one per stream (each stream keeps
+  `dcjax.cached_model.CachedModel.step` calls, one per stream (each stream keeps
   its own matcher key, motion, refresh schedule, refinement references and
   still-frame output), with every output, state leaf and info stacked along a
   leading axis of ``n``. It is ``jax.vmap`` of the step: under it every layer

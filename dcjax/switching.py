@@ -114,7 +114,7 @@ class Adaptive:
 
     def with_statistics(self, statistics: bool) -> Adaptive:
         """The same plans with ``Config.statistics`` set
-        (`dcjax.deepcache.CachedModel.with_statistics`), switched by the same
+        (`dcjax.cached_model.CachedModel.with_statistics`), switched by the same
         controller; no switch made yet."""
         return Adaptive(
             [m.with_statistics(statistics) for m in self.models], self.levels,

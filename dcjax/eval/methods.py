@@ -263,7 +263,7 @@ def with_timed_twin(
     whose `Runner.timed` runs the same model without them, whatever
     ``cfg.statistics`` says (the harness reports them and times the step
     without them). The twin is ``model.with_statistics(False)``
-    (`dcjax.deepcache.CachedModel.with_statistics`,
+    (`dcjax.cached_model.CachedModel.with_statistics`,
     `dcjax.switching.Adaptive.with_statistics`): the same plan, not a second
     `transform`, whose race on the calibration frames could choose another
     plan and mix one plan's times and outputs with another's statistics. With
