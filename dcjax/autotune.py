@@ -53,6 +53,7 @@ from dcjax.transforms.records import Analysis
 __all__ = [
     "MATCH_PAIRS",
     "PLANS",
+    "PREFERENCE",
     "Calibration",
     "Lowerings",
     "Tuning",
@@ -62,6 +63,8 @@ __all__ = [
     "measure_lowerings",
     "nocache_config",
     "race",
+    "race_samples",
+    "race_winner",
     "stream_fractions",
     "tune_model",
 ]
@@ -71,6 +74,13 @@ __all__ = [
 #: frames, the dense step with no matcher at all (`nocache_config`) or reuse
 #: with the fixed rules' kernels (``tuning="prior"``).
 PLANS = ("cached", "dense", "nocache", "prior")
+
+#: Which plan a race keeps on a tie (`race_winner`), most preferred first: the
+#: dense step with the still-frame skip, then without it (both give the model's
+#: own outputs; the skip pays where frames are still), then the fixed rules'
+#: kernels, then the measured ones (a tie keeps the fixed rules, as in the
+#: lowerings' race).
+PREFERENCE = ("dense", "nocache", "prior", "cached")
 
 #: Consecutive pairs of calibration frames the matchers are timed on (`tune_model`).
 MATCH_PAIRS = 8
@@ -362,31 +372,76 @@ def race(
     min_seconds: float = 1.0,
     max_rounds: int = 16,
 ) -> tuple[float, ...]:
-    """Seconds a frame of each model's step over ``frames``: the models take
-    turns frame by frame, after a first pass that compiles (each model keeps
-    its own stream state); a round is one pass over the frames. At least
-    ``rounds`` rounds run, and more, up to ``max_rounds``, until the slowest
-    model has been timed for ``min_seconds`` (a small network gets the rounds
-    its noise needs). Each model's figure is the median of its rounds' means,
-    so a burst of load during one round does not decide."""
+    """Seconds a frame of each model's step over ``frames``: the median of the
+    rounds' means of `race_samples` (so a burst of load during one round does
+    not decide)."""
+    samples = race_samples(models, frames, rounds, min_seconds=min_seconds, max_rounds=max_rounds)
+    return tuple(float(t) for t in np.median(samples.mean(axis=1), axis=0))
+
+
+def race_samples(
+    models: Sequence[Any],
+    frames: Any,
+    rounds: int = 2,
+    *,
+    min_seconds: float = 1.0,
+    max_rounds: int = 16,
+) -> np.ndarray:
+    """Seconds of each model's step on each frame, ``(rounds, frames, models)``:
+    the models take turns frame by frame, after a first pass that compiles
+    (each model keeps its own stream state); a round is one pass over the
+    frames. At least ``rounds`` rounds run, and more, up to ``max_rounds``,
+    until the slowest model has been timed for ``min_seconds`` (a small network
+    gets the rounds its noise needs)."""
     frames = [jnp.asarray(f) for f in frames]
     states = [m.init() for m in models]
-    per_round: list[list[float]] = []
+    per_round: list[list[list[float]]] = []
     r = 0
-    while r <= rounds or (
-        r <= max_rounds and max(sum(col) for col in zip(*per_round, strict=True)) < min_seconds
+    while (
+        r <= rounds
+        or not per_round
+        or (r <= max_rounds and np.asarray(per_round).sum(axis=(0, 1)).max() < min_seconds)
     ):
-        totals = [0.0] * len(models)
+        times = []
         for f in frames:
+            row = []
             for i, m in enumerate(models):
                 t0 = time.perf_counter()
                 out, states[i], _ = m.step(states[i], f)
                 jax.block_until_ready(out)
-                totals[i] += time.perf_counter() - t0
+                row.append(time.perf_counter() - t0)
+            times.append(row)
         if r:  # the first pass compiles
-            per_round.append(totals)
+            per_round.append(times)
         r += 1
-    return tuple(float(np.median(col)) / len(frames) for col in zip(*per_round, strict=True))
+    return np.asarray(per_round, float)
+
+
+def race_winner(samples: np.ndarray, preference: Sequence[int]) -> int:
+    """The model a race (`race_samples`) keeps: the fastest by `race`'s figure
+    where it beats the first of ``preference`` (model indices, most preferred
+    first; those not listed come after) beyond the race's noise; else the most
+    preferred of the models that tie with the fastest.
+
+    Beyond noise: over the pairs of the two models' times on the same frame of
+    the same round, the mean difference exceeds twice its standard error (the
+    lowerings' race's rule, `dcjax.lowerings`), and the fastest's figure is
+    lower. Two models tie when neither beats the other so."""
+    n = samples.shape[-1]
+    figures = np.median(samples.mean(axis=1), axis=0)
+    order = list(preference) + [i for i in range(n) if i not in preference]
+    fastest = int(np.argmin(figures))
+
+    def beats(a: int, b: int) -> bool:
+        d = (samples[..., b] - samples[..., a]).reshape(-1)
+        if figures[a] >= figures[b] or d.size < 2:
+            return False
+        return bool(d.mean() > 2 * d.std(ddof=1) / np.sqrt(d.size))
+
+    for i in order:
+        if i == fastest or not beats(fastest, i):
+            return i
+    return fastest
 
 
 _PROGRESS = contextvars.ContextVar("dcjax_tuning_progress", default=True)

@@ -97,7 +97,9 @@ def transform(
             without a matcher (`dcjax.autotune.nocache_config`) and, where
             the tuned kernels differ from the fixed rules', the fixed rules'
             plan (``tuning="prior"``) race over the frames, and the fastest
-            is returned (``tuning.plan``, ``tuning.raced``). None: kernels
+            is returned (``tuning.plan``, ``tuning.raced``) where it is
+            faster beyond the race's noise; on a tie the plan first in
+            `dcjax.autotune.PREFERENCE` (`dcjax.autotune.race_winner`). None: kernels
             chosen for every fraction alike, no race. Ignored where tuning
             does not run.
         progress: show a progress bar while kernels are measured.
@@ -137,7 +139,8 @@ def transform(
     if not autotune.may_fall_back(config):
         return cached
     # The layers' measurements leave out what the step adds around them: the
-    # plans race over the calibration frames, and the fastest is kept. A dense
+    # plans race over the calibration frames, and the fastest is kept where it
+    # is faster beyond noise (else the preferred of those it ties with). A dense
     # plan races the step without a matcher (on a small network the still-frame
     # test may cost more than the still frames save); a cached plan races the
     # fixed rules' kernels too, where they differ (layers timed alone mispredict
@@ -159,8 +162,10 @@ def transform(
     if tuning.plan == "cached" and _unlike_prior(cached):
         plans.append("prior")
         models.append(made("prior"))
-    times = autotune.race(models, calibration)
-    best = int(np.argmin(times))
+    samples = autotune.race_samples(models, calibration)
+    times = np.median(samples.mean(axis=1), axis=0)  # `autotune.race`'s figures
+    preference = sorted(range(len(plans)), key=lambda i: autotune.PREFERENCE.index(plans[i]))
+    best = autotune.race_winner(samples, preference)
     winner = models[best]
     by_plan = dict(zip(plans, times, strict=True))
     raced = tuple(float(by_plan.get(p, float("nan"))) for p in autotune.PLANS)

@@ -39,6 +39,12 @@ def model():
     return net, net.init(jax.random.key(0), jnp.zeros((1, *SHAPE)))
 
 
+def _samples(times):
+    """A race's per-frame times (`autotune.race_samples`): each model the same
+    on every frame of three rounds, so any difference is beyond noise."""
+    return np.broadcast_to(np.asarray(times, float), (3, 4, len(times))).copy()
+
+
 def _frames(t=6, seed=0):
     frames = panning_frames(SHAPE, t, seed)
     frames[3] = frames[2]  # a still frame
@@ -119,7 +125,9 @@ def test_a_saving_below_the_matchers_cost_makes_the_dense_plan(model, fake, monk
 
 def test_calibration_frames_choose_for_the_streams_fractions(model, fake, monkeypatch):
     costs, _ = fake
-    monkeypatch.setattr(autotune, "race", lambda models, frames: [1.0] * len(models))
+    monkeypatch.setattr(
+        autotune, "race_samples", lambda models, frames: _samples([1.0] + [2.0] * (len(models) - 1))
+    )
     # xla pays below a dirty fraction of 0.5, rows above it
     costs.update(dense=lambda f: 1e-3, xla=lambda f: 1.6e-3 * f, rows=lambda f: 0.4e-3 + 0.4e-3 * f)
     net, variables = model
@@ -155,7 +163,9 @@ def test_with_calibration_frames_the_matchers_are_timed_on_them(model, fake, mon
 
     monkeypatch.setattr(autotune, "_matcher_cost_on", on_frames)
     monkeypatch.setattr(autotune, "_matcher_warmups", lambda *a: [])
-    monkeypatch.setattr(autotune, "race", lambda models, frames: [1.0] * len(models))
+    monkeypatch.setattr(
+        autotune, "race_samples", lambda models, frames: _samples([1.0] + [2.0] * (len(models) - 1))
+    )
     net, variables = model
     cfg = dcjax.Config(tuning="measure", refresh_every=None)
     frames = np.repeat(_frames(), 2, axis=0)  # 12 frames
@@ -338,9 +348,9 @@ def test_with_calibration_frames_the_faster_plan_of_a_race_is_kept(
 
     def race(models, frames):
         raced.append([(m.config.matcher, any(m.keeps_cache), m.tuning is None) for m in models])
-        return times
+        return _samples(times)
 
-    monkeypatch.setattr(autotune, "race", race)
+    monkeypatch.setattr(autotune, "race_samples", race)
     net, variables = model
     cfg = dcjax.Config(tuning="measure")
     cached = dcjax.transform(
@@ -374,14 +384,53 @@ def test_the_fixed_rules_race_only_where_their_kernels_differ(model, fake, monke
     monkeypatch.setattr(auto, "choose", lambda p, backend, scattered=False: ("xla", None))
     counts = []
     monkeypatch.setattr(
-        autotune, "race", lambda models, frames: counts.append(len(models)) or (1e-3, 2e-3, 3e-3)
-    )
+        autotune, "race_samples",
+        lambda models, frames: counts.append(len(models)) or _samples((1e-3, 2e-3, 3e-3)),
+    )  # fmt: skip
     net, variables = model
     cached = dcjax.transform(net, variables, frame_shape=SHAPE, calibration=_frames(),
                              config=dcjax.Config(tuning="measure"), progress=False)  # fmt: skip
     # the measurements chose what the fixed rules give: nothing to race them for
     assert cached.tuning.plan == "cached" and counts == [3]
     assert np.isnan(cached.tuning.raced[3])
+
+
+def test_a_race_keeps_the_fastest_only_beyond_its_noise():
+    rng = np.random.default_rng(0)
+    base = rng.uniform(10e-3, 30e-3, (3, 16, 1))  # frames of unlike cost, shared by all
+    noise = rng.normal(0, 1e-3, (3, 16, 3))
+    # model 2 is 2 % faster on every frame, beyond the noise of 1 ms a frame? no:
+    # a 0.4 ms mean gain under 1 ms of noise over 48 pairs is 0.4 / (1.4 / 7) = 2
+    # standard errors at best; a 3 ms gain is far beyond
+    clear = base + noise + np.array([3e-3, 3e-3, 0.0])
+    assert autotune.race_winner(clear, preference=[0, 1]) == 2
+    tie = base + rng.normal(0, 3e-3, (3, 16, 3)) + np.array([0.0, 0.0, -0.1e-3])
+    assert np.argmin(np.median(tie.mean(axis=1), axis=0)) != 0  # some other looks faster
+    assert autotune.race_winner(tie, preference=[0, 1]) == 0  # but ties the preferred
+    assert autotune.race_winner(tie, preference=[1, 0]) == 1
+    # the preferred is slower beyond noise, the next one ties the fastest
+    mixed = base + noise * 0.1 + np.array([5e-3, 0.0, 0.0])
+    assert autotune.race_winner(mixed, preference=[0, 1, 2]) == 1
+    # nothing listed: the fastest, or index order on a tie
+    assert autotune.race_winner(clear, preference=[]) == 2
+    assert autotune.race_winner(np.ones((2, 3, 3)), preference=[]) == 0
+
+
+def test_a_tie_keeps_the_preferred_plan(model, fake, monkeypatch):
+    """Plans that tie on the calibration frames: the race keeps the first of
+    `autotune.PREFERENCE` (the dense step with the still-frame skip), not the
+    one whose median happened to be least."""
+    costs, _ = fake
+    costs.update(dense=lambda f: 1e-3, xla=lambda f: 1e-4, rows=lambda f: 2e-3)
+    swing = 1e-4 * np.where(np.arange(6) % 2, 1.0, -1.0)  # frame to frame, in turns
+    samples = 1e-3 + np.stack([swing, -swing, swing, -swing], axis=-1)[None].repeat(3, 0)
+    samples[..., 0] -= 1e-6  # the measured plan: least by a hair
+    monkeypatch.setattr(autotune, "race_samples", lambda models, frames: samples)
+    net, variables = model
+    cached = dcjax.transform(net, variables, frame_shape=SHAPE, calibration=_frames(),
+                             config=dcjax.Config(tuning="measure"), progress=False)  # fmt: skip
+    assert autotune.PREFERENCE[0] == "dense" and cached.tuning.plan == "dense"
+    assert not any(cached.keeps_cache) and cached.config.matcher == "static"
 
 
 def test_a_dense_plan_races_the_step_without_a_matcher(model, fake, monkeypatch):
@@ -392,8 +441,8 @@ def test_a_dense_plan_races_the_step_without_a_matcher(model, fake, monkeypatch)
     costs.update(dense=lambda f: 1e-4, xla=lambda f: 1e-2, rows=lambda f: 1e-2)
     raced = []
     for times, plan in (((2e-3, 1e-3), "nocache"), ((1e-3, 2e-3), "dense")):
-        monkeypatch.setattr(autotune, "race", lambda models, frames, t=times: raced.append(
-            len(models)) or t)  # fmt: skip
+        monkeypatch.setattr(autotune, "race_samples", lambda models, frames, t=times: raced.append(
+            len(models)) or _samples(t))  # fmt: skip
         net, variables = model
         cached = dcjax.transform(net, variables, frame_shape=SHAPE, calibration=_frames(),
                                  config=dcjax.Config(tuning="measure"), progress=False)  # fmt: skip

@@ -281,7 +281,12 @@ def test_calibration_frames_add_their_own_level_and_the_run_starts_on_it(monkeyp
     from dcjax import autotune
 
     net, variables, cfg = _faked(monkeypatch, tmp_path)
-    monkeypatch.setattr(autotune, "race", lambda models, frames: [1.0] * len(models))
+    monkeypatch.setattr(  # the tuned plan wins its race
+        autotune, "race_samples",
+        lambda models, frames: np.broadcast_to(
+            np.asarray([1.0] + [2.0] * (len(models) - 1)), (3, 4, len(models))
+        ).copy(),
+    )  # fmt: skip
     rng = np.random.default_rng(3)
     frames = np.repeat(rng.integers(0, 256, (1, *SHAPE)).astype(np.uint8), 6, axis=0)
     frames[1::2, :6, :6] = 255 - frames[1::2, :6, :6]  # a corner changes: a low fraction

@@ -1,8 +1,9 @@
 """Benchmark of `masked_conv` against the dense convolution: ``dcjax bench kernels``.
 
 For representative layers (AlexNet conv1 and conv2, ResNet-50's stem, 3x3
-and 1x1, YOLO-tiny's stem, MobileNetV2 depthwise and pointwise,
-EfficientNet-Lite0's stem and first pointwise layers) and dirty fractions 0 to 100 %, with
+and 1x1, YOLO-tiny's stem, MobileNetV2 depthwise and pointwise, CenterFace's
+depthwise at 576x768, EfficientNet-Lite0's stem and first pointwise layers)
+and dirty fractions 0 to 100 %, with
 blocky masks like a block matcher produces (one contiguous blob of 10x10-pixel
 matcher blocks, seen at the layer's resolution), it times the dense
 convolution the way the dense paths compute it (`dcjax.kernels.lowering.dense_conv`:
@@ -62,6 +63,8 @@ LAYERS: dict[str, tuple] = {
     "resnet50_3x3_7": (7, 7, 512, 512, 3, 1, 1, ((1, 1), (1, 1)), 32),
     "mbv2_dw_s2": (112, 112, 96, 96, 3, 2, 96, ((0, 1), (0, 1)), 2),
     "mbv2_pw_expand": (56, 56, 24, 144, 1, 1, 1, "VALID", 4),
+    "centerface_dw_s2": (288, 384, 96, 96, 3, 2, 96, ((1, 1), (1, 1)), 2),
+    "centerface_dw_144": (144, 192, 144, 144, 3, 1, 144, ((1, 1), (1, 1)), 4),
     "enet_stem": (224, 224, 3, 32, 3, 2, 1, ((0, 1), (0, 1)), 1),
     "enet_b0_project": (112, 112, 32, 16, 1, 1, 1, "VALID", 2),
     "enet_b1_expand": (112, 112, 16, 96, 1, 1, 1, "VALID", 2),
@@ -95,7 +98,7 @@ def _work(impl: str, mask: jax.Array, p: _tiles.TilePlan) -> float:
     impl = impl.removeprefix("auto:")
     if impl == "dense":
         return 1.0
-    if impl == "rows" and p.groups == 1:
+    if impl == "rows" and _rows.computes(p.cin, p.groups):
         rp = _rows.row_plan(p)
         dense, units = _rows.row_schedule((~mask).sum(), rp)
         return 1.0 if bool(dense) else min(1.0, int(units) * rp.chunk / rp.rows)

@@ -321,11 +321,12 @@ def profile_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> i
     path = common.check_video(sub, "VIDEO", args.video, args.start, need=PROFILE_WARMUP + 1)
     common.check_output(sub, "--json", args.json)
     size = _input_size(sub, args, args.model, path, args.video)
-    from dcjax.eval import profile, registry
+    from dcjax.eval import harness, profile, registry
 
     spec, _ = load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=10.0,
                         input_size=size)  # fmt: skip
     frames = _load(path, spec, args, frames=args.frames, start=args.start)
+    spec = harness.calibrated(spec, frames)  # the plan that bench and run would race to
     results = []
     todo = common.progress(args.methods, desc=f"profiling {args.model}", unit="method",
                            quiet=args.no_progress)  # fmt: skip

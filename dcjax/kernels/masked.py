@@ -80,7 +80,7 @@ def masked_conv(
             ``"xla"``
             (tile gather, batched conv, scatter; any backend), ``"rows"`` (dirty
             pixels gathered as matrix rows, one matmul per feature group, row
-            scatter; depthwise and many-group convolutions go to ``"xla"``;
+            scatter; narrow depthwise and many-group convolutions go to ``"xla"``;
             `dcjax.kernels.rows`), ``"pallas"`` (the
             Pallas kernel of the current backend: ``"pallas_tpu"`` on TPU,
             ``"pallas_gpu"`` otherwise), or ``"auto"`` (the measured fastest for
@@ -131,9 +131,9 @@ def masked_conv(
     if impl == "dense":
         out = dense_conv(x, w, p)
         return out if epilogue is None else epilogue(out)
-    if impl == "rows" and _rows.computes_groups(x.shape[-1], geometry.groups):
+    if impl == "rows" and _rows.computes(x.shape[-1], geometry.groups):
         return rows_masked_conv(x, w, reuse_mask, cached, geometry, chunk=chunk, epilogue=epilogue)
-    if impl in ("xla", "rows"):  # rows leaves depthwise and many-group convolutions to xla
+    if impl in ("xla", "rows"):  # rows leaves few-channel and many-group convolutions to xla
         return xla_masked_conv(x, w, reuse_mask, cached, geometry, tile=tile, epilogue=epilogue)
     if not interpret and jax.default_backend() != {"pallas_gpu": "gpu", "pallas_tpu": "tpu"}[impl]:
         raise ValueError(

@@ -31,15 +31,18 @@ row counts at a fraction of that speed while fixed long chunks pad small counts
 (docs/performance-notes.md, "A row kernel beside the tile kernel, in halving
 steps, dense above 60 %").
 
-Groups: ungrouped convolutions, and up to `MAX_GROUPS` feature groups of at
-least `TAP_ROWS_MIN_CIN` input channels each (`computes_groups`): each group
-gathers its patches from its own channels of the padded input and multiplies
-them by its own weights, and the groups' rows are written side by side
+Groups: ungrouped convolutions, up to `MAX_GROUPS` feature groups of at least
+`TAP_ROWS_MIN_CIN` input channels each (`computes_groups`): each group gathers
+its patches from its own channels of the padded input and multiplies them by
+its own weights, and the groups' rows are written side by side
 (docs/performance-notes.md, "The row kernel computes a few wide groups
-(MAX_GROUPS, TAP_ROWS_MIN_CIN)"). Depthwise and other many-group convolutions
-have rows too short to gather and go through the tile kernel. Batched streams
-are pooled into one list like the tile kernel
-(`dcjax.kernels.xla.pooled_over_streams`).
+(MAX_GROUPS, TAP_ROWS_MIN_CIN)"); and depthwise convolutions of at least
+`TAP_ROWS_MIN_CIN` channels (`computes_depthwise`): each tap gathers whole
+pixels from the unpadded input and the taps are weighted and summed, with no
+matrix product (docs/performance-notes.md, "Depthwise layers on the row
+kernel"). Narrower depthwise and other many-group convolutions have rows too
+short to gather and go through the tile kernel. Batched streams are pooled
+into one list like the tile kernel (`dcjax.kernels.xla.pooled_over_streams`).
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ __all__ = [
     "DENSE_FRACTION",
     "TAP_ROWS_MIN_CIN",
     "RowPlan",
+    "computes",
+    "computes_depthwise",
+    "computes_groups",
     "row_plan",
     "row_schedule",
     "rows_masked_conv",
@@ -129,12 +135,27 @@ TAP_ROWS_MIN_CIN = 16
 MAX_GROUPS = 4
 
 
+def computes_depthwise(cin: int, groups: int) -> bool:
+    """Whether the row kernel computes a depthwise convolution (one group per
+    input channel, any channel multiplier) over ``cin`` input channels: with at
+    least `TAP_ROWS_MIN_CIN` channels, each kernel tap gathers whole pixels of
+    the unpadded input, and the taps' rows are multiplied by their weights and
+    summed (`_depthwise_products`): no padded copy of the map, no matrix product."""
+    return groups == cin > 1 and cin >= TAP_ROWS_MIN_CIN
+
+
+def computes(cin: int, groups: int) -> bool:
+    """Whether the row kernel computes a convolution of ``groups`` feature groups
+    over ``cin`` channels: `computes_groups` or `computes_depthwise`."""
+    return computes_groups(cin, groups) or computes_depthwise(cin, groups)
+
+
 def computes_groups(cin: int, groups: int) -> bool:
     """Whether the row kernel computes a convolution of ``groups`` feature groups
     over ``cin`` input channels: ungrouped, or at most `MAX_GROUPS` groups of at
-    least `TAP_ROWS_MIN_CIN` channels each (AlexNet's conv2: 2 of 48). Depthwise
-    and other many-group convolutions have rows too short to gather; they go
-    to the tile kernel."""
+    least `TAP_ROWS_MIN_CIN` channels each (AlexNet's conv2: 2 of 48). The fixed
+    rules (`dcjax.kernels.auto.choose`) give such layers to the row kernel; the
+    depthwise ones (`computes_depthwise`) it takes only where measured faster."""
     return groups == 1 or (groups <= MAX_GROUPS and cin // groups >= TAP_ROWS_MIN_CIN)
 
 
@@ -173,7 +194,11 @@ def row_schedule(n_dirty: jax.Array, rp: RowPlan) -> tuple[jax.Array, jax.Array]
 
 def _tap_rows(p: _tiles.TilePlan) -> bool:
     """Whether `_patches` gathers one row per kernel tap (from the unpadded input)."""
-    return p.kh * p.kw == 1 or p.cin // p.groups >= TAP_ROWS_MIN_CIN
+    return (
+        p.kh * p.kw == 1
+        or p.cin // p.groups >= TAP_ROWS_MIN_CIN
+        or computes_depthwise(p.cin, p.groups)
+    )
 
 
 def _patches(x: jax.Array, b: jax.Array, oy: jax.Array, ox: jax.Array, p: _tiles.TilePlan):
@@ -194,21 +219,9 @@ def _patches(x: jax.Array, b: jax.Array, oy: jax.Array, ox: jax.Array, p: _tiles
     """
     sy, sx = p.strides
     dy, dx = p.dilation
-    n, h, w, cin = x.shape
+    cin = x.shape[-1]
     if _tap_rows(p):
-        (pt, _), (pl, _) = p.pads
-        flat = x.reshape(-1, cin)
-        cols = [_tap_index(ox, sx, j * dx - pl, p.wo, w) for j in range(p.kw)]
-        taps = []
-        for i in range(p.kh):
-            y, y_ok = _tap_index(oy, sy, i * dy - pt, p.ho, h)
-            for xx, x_ok in cols:
-                rows = flat.at[(b * h + y) * w + xx].get(mode="promise_in_bounds")
-                checks = [c for c in (y_ok, x_ok) if c is not None]
-                if checks:
-                    ok = checks[0] if len(checks) == 1 else checks[0] & checks[1]
-                    rows = jnp.where(ok[:, None], rows, jnp.zeros((), rows.dtype))
-                taps.append(rows)
+        taps = _taps(x, b, oy, ox, p)
         return taps[0] if len(taps) == 1 else jnp.concatenate(taps, axis=1)
     if dx == 1:
         return _segments(x, b, oy, ox, p)
@@ -227,6 +240,44 @@ def _patches(x: jax.Array, b: jax.Array, oy: jax.Array, ox: jax.Array, p: _tiles
     if (dy, dx) != (1, 1):
         win = win[:, ::dy, ::dx]
     return win.reshape(win.shape[0], p.kh * p.kw * cin)
+
+
+def _taps(x: jax.Array, b: jax.Array, oy: jax.Array, ox: jax.Array, p: _tiles.TilePlan):
+    """Per kernel tap in HW order, the (rows, Cin) input pixels that output pixels
+    (b, oy, ox) read there: one row gather each from the unpadded input seen as
+    (N * H * W, Cin), the index clamped and the rows outside the map zeroed."""
+    sy, sx = p.strides
+    dy, dx = p.dilation
+    (pt, _), (pl, _) = p.pads
+    n, h, w, cin = x.shape
+    flat = x.reshape(-1, cin)
+    cols = [_tap_index(ox, sx, j * dx - pl, p.wo, w) for j in range(p.kw)]
+    taps = []
+    for i in range(p.kh):
+        y, y_ok = _tap_index(oy, sy, i * dy - pt, p.ho, h)
+        for xx, x_ok in cols:
+            rows = flat.at[(b * h + y) * w + xx].get(mode="promise_in_bounds")
+            checks = [c for c in (y_ok, x_ok) if c is not None]
+            if checks:
+                ok = checks[0] if len(checks) == 1 else checks[0] & checks[1]
+                rows = jnp.where(ok[:, None], rows, jnp.zeros((), rows.dtype))
+            taps.append(rows)
+    return taps
+
+
+def _depthwise_products(x, wm, b, oy, ox, p: _tiles.TilePlan, dtype) -> jax.Array:
+    """(rows, Cout) of a depthwise convolution: each tap's pixels (`_taps`), each
+    channel repeated by the channel multiplier, times the tap's weights ``wm``
+    (kh * kw, Cout), summed over the taps."""
+    mult = p.cout // p.cin
+    acc = None
+    for t, rows in enumerate(_taps(x, b, oy, ox, p)):
+        rows = rows.astype(dtype)
+        if mult > 1:
+            rows = jnp.repeat(rows, mult, axis=1)
+        term = rows * wm[t]
+        acc = term if acc is None else acc + term
+    return acc
 
 
 def _tap_index(o: jax.Array, stride: int, offset: int, n_out: int, size: int):
@@ -282,13 +333,19 @@ def _scatter_rows(out: jax.Array, pixels: jax.Array, vals: jax.Array) -> jax.Arr
 
 
 def _group_inputs(xp: jax.Array, p: _tiles.TilePlan) -> tuple[jax.Array, ...]:
-    """The (padded or unpadded) input's channels of each feature group (all when ungrouped)."""
+    """The (padded or unpadded) input's channels of each feature group (all when
+    ungrouped or depthwise)."""
+    if computes_depthwise(p.cin, p.groups):
+        return (xp,)
     cg = p.cin // p.groups
     return tuple(xp[..., g * cg : (g + 1) * cg] for g in range(p.groups))
 
 
 def _group_weights(w: jax.Array, p: _tiles.TilePlan, dtype) -> tuple[jax.Array, ...]:
-    """Each group's ``(kh * kw * Cin / groups, Cout / groups)`` weight matrix."""
+    """Each group's ``(kh * kw * Cin / groups, Cout / groups)`` weight matrix; for a
+    depthwise convolution one ``(kh * kw, Cout)`` matrix of per-tap weights."""
+    if computes_depthwise(p.cin, p.groups):
+        return (w.reshape(p.kh * p.kw, p.cout).astype(dtype),)
     og = p.cout // p.groups
     return tuple(
         w[..., g * og : (g + 1) * og].reshape(-1, og).astype(dtype) for g in range(p.groups)
@@ -297,6 +354,8 @@ def _group_weights(w: jax.Array, p: _tiles.TilePlan, dtype) -> tuple[jax.Array, 
 
 def _group_products(xps, wms, b, oy, ox, p: _tiles.TilePlan, dtype) -> jax.Array:
     """(rows, Cout): each group's patches times its weights, groups side by side."""
+    if computes_depthwise(p.cin, p.groups):
+        return _depthwise_products(xps[0], wms[0], b, oy, ox, p, dtype)
     vals = [_patches(xp, b, oy, ox, p).astype(dtype) @ wm for xp, wm in zip(xps, wms, strict=True)]
     return vals[0] if len(vals) == 1 else jnp.concatenate(vals, axis=1)
 
@@ -359,11 +418,12 @@ def rows_masked_conv(
         ValueError: groups the kernel does not compute (`computes_groups`).
     """
     groups = geometry.groups
-    if groups != 1 and not computes_groups(x.shape[-1], groups):
+    if groups != 1 and not computes(x.shape[-1], groups):
         raise ValueError(
-            f"dcjax: the rows kernel computes ungrouped convolutions and up to {MAX_GROUPS} "
-            f"groups of at least {TAP_ROWS_MIN_CIN} input channels (groups={groups}, "
-            f"{x.shape[-1]} channels); use impl='xla' for depthwise and many-group convolutions"
+            f"dcjax: the rows kernel computes ungrouped convolutions, up to {MAX_GROUPS} "
+            f"groups of at least {TAP_ROWS_MIN_CIN} input channels, and depthwise ones of at "
+            f"least {TAP_ROWS_MIN_CIN} channels (groups={groups}, {x.shape[-1]} channels); "
+            "use impl='xla' for the others"
         )
     fn, epi_ops = epilogue_parts(epilogue)
 

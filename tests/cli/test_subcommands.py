@@ -9,7 +9,7 @@ import jax
 
 from dcjax import cli, models, video
 from dcjax.cli import subcommands
-from dcjax.eval import metrics
+from dcjax.eval import metrics, registry
 from tests.cli import TINY
 
 
@@ -54,11 +54,23 @@ def test_run_writes_json_and_annotated_video(tmp_path, capsys):
     assert "vs plain" in out and "vs dense" in out and "p99 ms" in out
 
 
-def test_profile_prints_where_the_time_goes_and_writes_json(tmp_path, capsys):
+def test_profile_prints_where_the_time_goes_and_writes_json(tmp_path, capsys, monkeypatch):
     js = tmp_path / "profile.json"
     argv = ["profile", "vtest", "--model", "dave", "--width", "0.25", "--frames", "7",
             "--no-progress", "--json", str(js)]  # fmt: skip
+    made, make_runner = [], registry.make_runner
+
+    def recording(spec, *a, **k):
+        made.append(spec.calibration)
+        return make_runner(spec, *a, **k)
+
+    monkeypatch.setattr(registry, "make_runner", recording)
     assert cli.main(argv) == 0
+    # each method is built as bench builds it: calibrated on the clip's first
+    # frames, so the measured tuning races to the plan that bench times
+    assert len(made) == 2
+    for calibration in made:
+        assert calibration is not None and calibration.shape == (7, 66, 200, 3)
     out = capsys.readouterr().out
     assert "wall time (median)" in out and "dcjax.match" in out
     records = json.loads(js.read_text())

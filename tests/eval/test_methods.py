@@ -253,8 +253,11 @@ def test_the_timed_twin_runs_the_plan_the_reporting_runner_raced_to(
     # cached wins, then nocache would (the fixed rules' plan races fourth where it differs)
     verdicts = iter([(1.0, 2.0, 3.0, 4.0), (3.0, 2.0, 1.0, 4.0)])
     monkeypatch.setattr(
-        autotune, "race", lambda models, frames, *a, **k: next(verdicts)[: len(models)]
-    )
+        autotune, "race_samples",
+        lambda models, frames, *a, **k: np.broadcast_to(
+            np.asarray(next(verdicts)[: len(models)]), (3, 4, len(models))
+        ).copy(),
+    )  # fmt: skip
     calibrated = dataclasses.replace(spec, calibration=np.asarray(clip))
     runner = make_runner(calibrated, "deepcache", {"tuning": "measure"})
     timed = runner.timed()  # no race: a second one would have chosen nocache

@@ -13,10 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dcjax.kernels import ConvGeometry, Epilogue, masked_conv, plan, reference_masked_conv
+from dcjax.kernels.lowering import dense_conv
 from dcjax.kernels.reference import conv
 from dcjax.kernels.rows import (
     DENSE_FRACTION,
     TAP_ROWS_MIN_CIN,
+    computes_depthwise,
     computes_groups,
     row_plan,
     row_schedule,
@@ -284,6 +286,63 @@ def test_grouped_layers_match_the_oracle(groups, cg, k, stride, n_dirty) -> None
     np.testing.assert_allclose(out2[..., cout // groups :], ref[..., cout // groups :],
                                rtol=1e-4, atol=1e-3)  # fmt: skip
     assert not np.allclose(out2[..., : cout // groups], ref[..., : cout // groups], atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("cin", "mult", "k", "stride", "dilation", "padding", "n_dirty"),
+    [
+        (16, 1, 3, 1, 1, "SAME", 30),  # MobileNetV2's depthwise layers in small
+        (24, 1, 3, 2, 1, ((1, 1), (1, 1)), 9),  # stride 2, CenterFace's padding
+        (16, 2, 3, 1, 1, "VALID", 20),  # channel multiplier 2, no padding
+        (16, 1, 5, 2, 1, ((1, 2), (1, 2)), 5),  # 5x5, uneven padding
+        (16, 1, 3, 1, 2, "SAME", 25),  # dilated
+        (16, 1, 3, 1, 1, "SAME", 300),  # the dense path
+    ],
+)
+def test_depthwise_layers_match_the_oracle(cin, mult, k, stride, dilation, padding, n_dirty):
+    """A depthwise convolution of at least TAP_ROWS_MIN_CIN channels: per tap one
+    gather of whole pixels from the unpadded input (zeros outside the map),
+    times the tap's weights, summed; fresh where dirty, the cache bit for bit
+    elsewhere, over two images, with an epilogue."""
+    assert computes_depthwise(cin, cin) and not computes_groups(cin, cin)
+    rng = np.random.default_rng(cin + 10 * k + n_dirty + stride)
+    cout = cin * mult
+    x = rng.normal(size=(2, 13, 14, cin)).astype(np.float32)
+    w = rng.normal(size=(k, k, 1, cout)).astype(np.float32)
+    geom = ConvGeometry(strides=(stride, stride), padding=padding, dilation=(dilation, dilation),
+                        groups=cin)  # fmt: skip
+    ref = np.asarray(conv(x, w, geom))
+    cached = rng.normal(size=ref.shape).astype(np.float32) + 100.0
+    mask = np.ones(ref.shape[:3], bool)
+    n_dirty = min(n_dirty, mask.size)
+    mask.reshape(-1)[rng.permutation(mask.size)[:n_dirty]] = False
+    mask[0, 0, 0] = mask[1, -1, -1] = False  # corners: taps in the padding
+    dense_path = int((~mask).sum()) > int(np.floor(DENSE_FRACTION["spatial"] * mask.size))
+    bias = rng.normal(size=(cout,)).astype(np.float32)
+
+    def relu_bias(y, b):
+        return jnp.maximum(y + b, 0.0)
+
+    out = np.asarray(
+        jax.jit(lambda x, m, c: masked_conv(
+            x, w, m, c, geom, impl="rows", epilogue=Epilogue(relu_bias, (bias,)), chunk=8
+        ))(x, mask, cached)
+    )  # fmt: skip
+    fresh = np.maximum(ref + bias, 0.0)
+    if dense_path:
+        np.testing.assert_allclose(out, fresh, rtol=1e-4, atol=1e-4)
+    else:
+        np.testing.assert_allclose(out[~mask], fresh[~mask], rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(out[mask], cached[mask])
+    # the sparse path pads no map: the kernel holds the dense path's pads alone
+    sparse = jax.jit(lambda x, m, c: rows_masked_conv(x, w, m, c, geom, chunk=8))
+    full = jax.jit(lambda x: dense_conv(x, w, plan(x.shape, w.shape, geom)))
+    pads = [
+        sum("stablehlo.pad " in line and f"x{cin}xf32>, tensor<f32>)" in line
+            for line in f.lower(*a).as_text().splitlines())
+        for f, a in ((sparse, (x, mask, cached)), (full, (x,)))
+    ]  # fmt: skip
+    assert pads[0] == pads[1]
 
 
 def test_grouped_layers_pool_vmapped_streams() -> None:

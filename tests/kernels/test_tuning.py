@@ -23,8 +23,12 @@ def _layer(h=12, cin=8, cout=8, k=3, groups=1):
 def test_candidates_are_dense_tiles_and_rows_where_rows_compute_the_layer():
     names = [c.name for c in kt.candidates(_layer(), "cpu")]
     assert names[:2] == ["dense", "xla"] and names[2].startswith("rows")
-    depthwise = [c.impl for c in kt.candidates(_layer(groups=8), "cpu")]
-    assert depthwise == ["dense", "xla"]  # the row kernel leaves depthwise layers to xla
+    narrow = [c.impl for c in kt.candidates(_layer(groups=8), "cpu")]
+    assert narrow == ["dense", "xla"]  # depthwise rows of 8 channels: left to xla
+    wide = [c.impl for c in kt.candidates(_layer(cin=16, cout=16, groups=16), "cpu")]
+    assert wide == ["dense", "xla", "rows"]  # 16 channels: per-tap pixel gathers
+    multiplier = [c.impl for c in kt.candidates(_layer(cin=6, cout=12, groups=3), "cpu")]
+    assert multiplier == ["dense", "xla"]  # grouped, not depthwise, and narrow
     assert not kt.KernelChoice(impl="dense").keeps_cache
     assert kt.KernelChoice(impl="xla", tile=(4, 8)).name == "xla:4x8"
 

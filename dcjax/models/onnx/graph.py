@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx
@@ -95,6 +96,12 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
 
 def _node_name(node: onnx.NodeProto) -> str:
     return node.name or (node.output[0] if node.output else "?")
+
+
+def _scope_name(node: onnx.NodeProto) -> str:
+    """The node's name, or for an unnamed node its op and first output
+    (``Conv_363``): what `CachedModel.layers` and ``dcjax profile`` call it."""
+    return node.name or f"{node.op_type}_{_node_name(node)}"
 
 
 def _check_nodes(path: Path, nodes: Sequence[onnx.NodeProto]) -> None:
@@ -220,7 +227,8 @@ def from_onnx(
                 inputs=[env[i] if i else None for i in node.input], n_outputs=len(node.output),
             )  # fmt: skip
             try:
-                got = RULES[node.op_type].rule(ctx)
+                with jax.named_scope(_scope_name(node)):  # the layer's name in plans
+                    got = RULES[node.op_type].rule(ctx)
             except OnnxImportError as e:
                 raise OnnxImportError(
                     f"dcjax: {path}: node {ctx.name!r} ({ctx.op_type}): {e}"

@@ -106,3 +106,11 @@ def test_a_cached_onnx_model_reuses_where_the_frame_did_not_change(detector):
     fractions = np.asarray(info["reuse_fraction"])
     assert fractions[0] > 0.7, fractions
     assert float(info["flops_ratio"]) < 0.8
+
+
+def test_layers_are_named_after_the_files_nodes(detector):
+    """Unnamed nodes take their op and first output, so plans, per-layer
+    statistics and ``dcjax profile`` name what the file holds."""
+    names = [layer.name for layer in _transform(detector, tuning="prior").layers]
+    assert names[:2] == ["Conv_c1", "Conv_c2"]
+    assert {"Conv_logit", "Conv_reg"} <= set(names) and len(set(names)) == len(names)
