@@ -63,6 +63,7 @@ __all__ = [
     "measure_lowerings",
     "nocache_config",
     "race",
+    "race_figures",
     "race_samples",
     "race_winner",
     "stream_fractions",
@@ -364,18 +365,15 @@ def _overhead(
     return max(costs[0] - costs[1], 0.0)
 
 
-def race(
-    models: Sequence[Any],
-    frames: Any,
-    rounds: int = 2,
-    *,
-    min_seconds: float = 1.0,
-    max_rounds: int = 16,
-) -> tuple[float, ...]:
+def race(models: Sequence[Any], frames: Any, **options: Any) -> tuple[float, ...]:
     """Seconds a frame of each model's step over ``frames``: the median of the
-    rounds' means of `race_samples` (so a burst of load during one round does
-    not decide)."""
-    samples = race_samples(models, frames, rounds, min_seconds=min_seconds, max_rounds=max_rounds)
+    rounds' means of `race_samples` (``options`` are its own), so a burst of
+    load during one round does not decide."""
+    return race_figures(race_samples(models, frames, **options))
+
+
+def race_figures(samples: np.ndarray) -> tuple[float, ...]:
+    """`race`'s figure of each model from its `race_samples`."""
     return tuple(float(t) for t in np.median(samples.mean(axis=1), axis=0))
 
 
@@ -428,7 +426,7 @@ def race_winner(samples: np.ndarray, preference: Sequence[int]) -> int:
     lowerings' race's rule, `dcjax.lowerings`), and the fastest's figure is
     lower. Two models tie when neither beats the other so."""
     n = samples.shape[-1]
-    figures = np.median(samples.mean(axis=1), axis=0)
+    figures = race_figures(samples)
     order = list(preference) + [i for i in range(n) if i not in preference]
     fastest = int(np.argmin(figures))
 

@@ -43,7 +43,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from dcjax import autotune
 from dcjax.cached_model import CachedModel
@@ -163,7 +162,7 @@ def transform(
         plans.append("prior")
         models.append(made("prior"))
     samples = autotune.race_samples(models, calibration)
-    times = np.median(samples.mean(axis=1), axis=0)  # `autotune.race`'s figures
+    times = autotune.race_figures(samples)
     preference = sorted(range(len(plans)), key=lambda i: autotune.PREFERENCE.index(plans[i]))
     best = autotune.race_winner(samples, preference)
     winner = models[best]

@@ -239,6 +239,25 @@ def test_batch_pools_pixels_of_all_images() -> None:
     np.testing.assert_array_equal(out[mask], cached[mask])
 
 
+def _check_with_bias_relu(call, x, mask, cached, ref, bias, dense_path, atol) -> None:
+    """``call(x, mask, cached, epilogue)``, jitted, with a bias-and-ReLU epilogue:
+    fresh (``ref`` through the epilogue) where dirty or on the dense path, the
+    cache bit for bit elsewhere."""
+
+    def relu_bias(y, b):
+        return jnp.maximum(y + b, 0.0)
+
+    out = np.asarray(
+        jax.jit(lambda x, m, c: call(x, m, c, Epilogue(relu_bias, (bias,))))(x, mask, cached)
+    )
+    fresh = np.maximum(ref + bias, 0.0)
+    if dense_path:
+        np.testing.assert_allclose(out, fresh, rtol=1e-4, atol=atol)
+    else:
+        np.testing.assert_allclose(out[~mask], fresh[~mask], rtol=1e-4, atol=atol)
+        np.testing.assert_array_equal(out[mask], cached[mask])
+
+
 @pytest.mark.parametrize(
     ("groups", "cg", "k", "stride", "n_dirty"),
     [
@@ -264,21 +283,10 @@ def test_grouped_layers_match_the_oracle(groups, cg, k, stride, n_dirty) -> None
     mask.reshape(-1)[rng.permutation(mask.size)[:n_dirty]] = False
     dense_path = n_dirty > int(np.floor(DENSE_FRACTION["spatial"] * mask.size))
     bias = rng.normal(size=(cout,)).astype(np.float32)
-
-    def relu_bias(y, b):
-        return jnp.maximum(y + b, 0.0)
-
-    out = np.asarray(
-        jax.jit(lambda x, m, c: rows_masked_conv(
-            x, w, m, c, geom, epilogue=Epilogue(relu_bias, (bias,)), chunk=8
-        ))(x, mask, cached)
+    _check_with_bias_relu(
+        lambda x, m, c, epi: rows_masked_conv(x, w, m, c, geom, epilogue=epi, chunk=8),
+        x, mask, cached, ref, bias, dense_path, atol=1e-3,
     )  # fmt: skip
-    fresh = np.maximum(ref + bias, 0.0)
-    if dense_path:
-        np.testing.assert_allclose(out, fresh, rtol=1e-4, atol=1e-3)
-    else:
-        np.testing.assert_allclose(out[~mask], fresh[~mask], rtol=1e-4, atol=1e-3)
-        np.testing.assert_array_equal(out[mask], cached[mask])
     # the groups are not mixed: group g's outputs do not depend on group h's inputs
     x2 = x.copy()
     x2[..., :cg] += 1.0
@@ -319,21 +327,10 @@ def test_depthwise_layers_match_the_oracle(cin, mult, k, stride, dilation, paddi
     mask[0, 0, 0] = mask[1, -1, -1] = False  # corners: taps in the padding
     dense_path = int((~mask).sum()) > int(np.floor(DENSE_FRACTION["spatial"] * mask.size))
     bias = rng.normal(size=(cout,)).astype(np.float32)
-
-    def relu_bias(y, b):
-        return jnp.maximum(y + b, 0.0)
-
-    out = np.asarray(
-        jax.jit(lambda x, m, c: masked_conv(
-            x, w, m, c, geom, impl="rows", epilogue=Epilogue(relu_bias, (bias,)), chunk=8
-        ))(x, mask, cached)
+    _check_with_bias_relu(
+        lambda x, m, c, epi: masked_conv(x, w, m, c, geom, impl="rows", epilogue=epi, chunk=8),
+        x, mask, cached, ref, bias, dense_path, atol=1e-4,
     )  # fmt: skip
-    fresh = np.maximum(ref + bias, 0.0)
-    if dense_path:
-        np.testing.assert_allclose(out, fresh, rtol=1e-4, atol=1e-4)
-    else:
-        np.testing.assert_allclose(out[~mask], fresh[~mask], rtol=1e-4, atol=1e-4)
-        np.testing.assert_array_equal(out[mask], cached[mask])
     # the sparse path pads no map: the kernel holds the dense path's pads alone
     sparse = jax.jit(lambda x, m, c: rows_masked_conv(x, w, m, c, geom, chunk=8))
     full = jax.jit(lambda x: dense_conv(x, w, plan(x.shape, w.shape, geom)))
