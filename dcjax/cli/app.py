@@ -24,6 +24,11 @@ __all__ = ["COMPILATION_CACHE_MAX_BYTES", "build_parser", "compilation_cache_dir
 #: Size past which the command's compilation cache drops its least recently used programs.
 COMPILATION_CACHE_MAX_BYTES = 2 << 30
 
+#: What ``dcjax demo`` compares with the dense step: DeepCache with refinement
+#: at its strictest measured setting, as fast as any on CenterFace over
+#: vtest.avi at the same box F1 (docs/benchmarks.md, 2026-11-29).
+DEMO_METHOD = "deepcache+refine:delta=0.01"
+
 
 def _add_size_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=common.width, default=1.0,
@@ -90,8 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="zoo model or bundled ONNX detector (default centerface)")  # fmt: skip
     demo.add_argument(
         "--method",
-        default="deepcache",
-        help="method spec compared with nocache (default deepcache)",
+        default=DEMO_METHOD,
+        help=f"method spec compared with nocache (default {DEMO_METHOD}: DeepCache, "
+        "and inside the network the change test at 1 %% of each layer's scale)",
     )
     demo.add_argument("--out", default="dcjax-demo", help="output directory")
     demo.add_argument("--no-pretrained", action="store_true", help="random weights")

@@ -95,11 +95,16 @@ def _video_name(path: str) -> str:
     return path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
-def per_layer(records: Sequence[Record], method: str = "deepcache") -> Figure | None:
-    """Per model (first record of ``method`` for each), reuse fraction and FLOPs share by layer."""
+def per_layer(records: Sequence[Record], method: str | None = None) -> Figure | None:
+    """Per model (its first record of the variant ``method``, or with None of
+    any method but the baselines ``nocache`` and ``plain``), reuse fraction and
+    FLOPs share by layer."""
     chosen: dict[str, Record] = {}
     for r in records:
-        if r["variant"] == method and r["per_layer"] and r["model"] not in chosen:
+        wanted = (
+            r["method"] not in ("nocache", "plain") if method is None else r["variant"] == method
+        )
+        if wanted and r["per_layer"] and r["model"] not in chosen:
             chosen[r["model"]] = r
     if not chosen:
         return None

@@ -8,7 +8,7 @@ import os
 import jax
 
 from dcjax import cli, models, video
-from dcjax.cli import subcommands
+from dcjax.cli import app, subcommands
 from dcjax.eval import metrics, registry
 from tests.cli import TINY
 
@@ -101,7 +101,8 @@ def test_demo_writes_report(tmp_path, capsys):
         assert os.path.exists(out_dir / png), png
         assert f"href='{png}'" in html
     records = json.loads((out_dir / "metrics.json").read_text())
-    assert [r["method"] for r in records] == ["nocache", "deepcache", "plain", "plain"]
+    assert [r["method"] for r in records] == ["nocache", "deepcache+refine", "plain", "plain"]
+    assert records[1]["variant"] == app.DEMO_METHOD == "deepcache+refine:delta=0.01"
 
 
 def test_nothing_sparse_note_only_when_every_layer_ran_in_full():
@@ -175,7 +176,7 @@ def test_demo_defaults_to_centerface_at_the_clips_own_size(tmp_path, capsys):
     assert "top-1 agree" not in text and "top-1 stays" not in text  # a detector has none
     records = json.loads((out_dir / "metrics.json").read_text())
     assert {tuple(r["frame_shape"]) for r in records} == {(224, 224, 3)}
-    assert records[1]["method"] == "deepcache" and records[1]["boxes"] >= 3
+    assert records[1]["variant"] == app.DEMO_METHOD and records[1]["boxes"] >= 3
     blurred = np.stack(list(video.read(out_dir / "blurred.mp4")))
     source = np.stack(list(video.read(clip)))
     assert blurred.shape == source.shape
