@@ -342,17 +342,18 @@ def test_depthwise_layers_match_the_oracle(cin, mult, k, stride, dilation, paddi
     assert pads[0] == pads[1]
 
 
-def test_grouped_layers_pool_vmapped_streams() -> None:
-    """Two streams of a two-group layer under vmap: one pooled schedule, each
-    stream's result as when run alone."""
+@pytest.mark.parametrize(("groups", "cg", "cout"), [(2, 16, 8), (16, 1, 16)])  # 2 wide; depthwise
+def test_grouped_layers_pool_vmapped_streams(groups, cg, cout) -> None:
+    """Two streams of a two-group or a depthwise layer under vmap: one pooled
+    schedule, each stream's result as when run alone."""
     rng = np.random.default_rng(7)
-    xs = rng.normal(size=(2, 1, 9, 9, 32)).astype(np.float32)
-    w = rng.normal(size=(3, 3, 16, 8)).astype(np.float32)
-    caches = rng.normal(size=(2, 1, 9, 9, 8)).astype(np.float32) + 100.0
+    xs = rng.normal(size=(2, 1, 9, 9, groups * cg)).astype(np.float32)
+    w = rng.normal(size=(3, 3, cg, cout)).astype(np.float32)
+    caches = rng.normal(size=(2, 1, 9, 9, cout)).astype(np.float32) + 100.0
     masks = np.ones((2, 1, 9, 9), bool)
     masks[0, 0, 2:5, 3:7] = False
     masks[1, 0, 8, 0] = False
-    geom = ConvGeometry(strides=(1, 1), padding="SAME", groups=2)
+    geom = ConvGeometry(strides=(1, 1), padding="SAME", groups=groups)
 
     def f(x, m, c):
         return masked_conv(x, w, m, c, geom, impl="rows")
