@@ -19,7 +19,7 @@ from dcjax.eval import methods
 from dcjax.kernels import lowering
 from dcjax.kernels import tuning as kt
 from tests.translated import panning_frames
-from tests.tuning_fakes import fake_measurements
+from tests.tuning_fakes import fake_measurements, race_samples_of
 
 SHAPE = (24, 24, 3)
 
@@ -37,12 +37,6 @@ class Net(nn.Module):
 def model():
     net = Net()
     return net, net.init(jax.random.key(0), jnp.zeros((1, *SHAPE)))
-
-
-def _samples(times):
-    """A race's per-frame times (`autotune.race_samples`): each model the same
-    on every frame of three rounds, so any difference is beyond noise."""
-    return np.broadcast_to(np.asarray(times, float), (3, 4, len(times))).copy()
 
 
 def _frames(t=6, seed=0):
@@ -126,7 +120,9 @@ def test_a_saving_below_the_matchers_cost_makes_the_dense_plan(model, fake, monk
 def test_calibration_frames_choose_for_the_streams_fractions(model, fake, monkeypatch):
     costs, _ = fake
     monkeypatch.setattr(
-        autotune, "race_samples", lambda models, frames: _samples([1.0] + [2.0] * (len(models) - 1))
+        autotune,
+        "race_samples",
+        lambda models, frames: race_samples_of([1.0] + [2.0] * (len(models) - 1)),
     )
     # xla pays below a dirty fraction of 0.5, rows above it
     costs.update(dense=lambda f: 1e-3, xla=lambda f: 1.6e-3 * f, rows=lambda f: 0.4e-3 + 0.4e-3 * f)
@@ -164,7 +160,9 @@ def test_with_calibration_frames_the_matchers_are_timed_on_them(model, fake, mon
     monkeypatch.setattr(autotune, "_matcher_cost_on", on_frames)
     monkeypatch.setattr(autotune, "_matcher_warmups", lambda *a: [])
     monkeypatch.setattr(
-        autotune, "race_samples", lambda models, frames: _samples([1.0] + [2.0] * (len(models) - 1))
+        autotune,
+        "race_samples",
+        lambda models, frames: race_samples_of([1.0] + [2.0] * (len(models) - 1)),
     )
     net, variables = model
     cfg = dcjax.Config(tuning="measure", refresh_every=None)
@@ -348,7 +346,7 @@ def test_with_calibration_frames_the_faster_plan_of_a_race_is_kept(
 
     def race(models, frames):
         raced.append([(m.config.matcher, any(m.keeps_cache), m.tuning is None) for m in models])
-        return _samples(times)
+        return race_samples_of(times)
 
     monkeypatch.setattr(autotune, "race_samples", race)
     net, variables = model
@@ -385,7 +383,7 @@ def test_the_fixed_rules_race_only_where_their_kernels_differ(model, fake, monke
     counts = []
     monkeypatch.setattr(
         autotune, "race_samples",
-        lambda models, frames: counts.append(len(models)) or _samples((1e-3, 2e-3, 3e-3)),
+        lambda models, frames: counts.append(len(models)) or race_samples_of((1e-3, 2e-3, 3e-3)),
     )  # fmt: skip
     net, variables = model
     cached = dcjax.transform(net, variables, frame_shape=SHAPE, calibration=_frames(),
@@ -442,7 +440,7 @@ def test_a_dense_plan_races_the_step_without_a_matcher(model, fake, monkeypatch)
     raced = []
     for times, plan in (((2e-3, 1e-3), "nocache"), ((1e-3, 2e-3), "dense")):
         monkeypatch.setattr(autotune, "race_samples", lambda models, frames, t=times: raced.append(
-            len(models)) or _samples(t))  # fmt: skip
+            len(models)) or race_samples_of(t))  # fmt: skip
         net, variables = model
         cached = dcjax.transform(net, variables, frame_shape=SHAPE, calibration=_frames(),
                                  config=dcjax.Config(tuning="measure"), progress=False)  # fmt: skip

@@ -9,7 +9,7 @@ import pytest
 
 import dcjax
 from dcjax.switching import Adaptive, Switch
-from tests.tuning_fakes import fake_measurements
+from tests.tuning_fakes import fake_measurements, race_samples_of
 
 
 class _Plan:
@@ -283,9 +283,7 @@ def test_calibration_frames_add_their_own_level_and_the_run_starts_on_it(monkeyp
     net, variables, cfg = _faked(monkeypatch, tmp_path)
     monkeypatch.setattr(  # the tuned plan wins its race
         autotune, "race_samples",
-        lambda models, frames: np.broadcast_to(
-            np.asarray([1.0] + [2.0] * (len(models) - 1)), (3, 4, len(models))
-        ).copy(),
+        lambda models, frames: race_samples_of([1.0] + [2.0] * (len(models) - 1)),
     )  # fmt: skip
     rng = np.random.default_rng(3)
     frames = np.repeat(rng.integers(0, 256, (1, *SHAPE)).astype(np.uint8), 6, axis=0)

@@ -1,5 +1,7 @@
 """Measured tuning without timing anything, for the tests of what it decides."""
 
+import numpy as np
+
 from dcjax import autotune
 from dcjax.kernels import tuning as kt
 
@@ -27,3 +29,9 @@ def fake_measurements(monkeypatch, path, costs, matcher=None):
         autotune, "measure_lowerings", lambda *a, **k: autotune.Lowerings(layers=())
     )
     return matcher
+
+
+def race_samples_of(times):
+    """A race's per-frame times (`autotune.race_samples`): each model the same
+    on every frame of three rounds, so any difference is beyond noise."""
+    return np.broadcast_to(np.asarray(times, float), (3, 4, len(times))).copy()

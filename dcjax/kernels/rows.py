@@ -332,28 +332,25 @@ def _scatter_rows(out: jax.Array, pixels: jax.Array, vals: jax.Array) -> jax.Arr
     )  # fmt: skip
 
 
-def _group_inputs(xp: jax.Array, p: _tiles.TilePlan) -> tuple[jax.Array, ...]:
-    """The (padded or unpadded) input's channels of each feature group (all when
-    ungrouped or depthwise)."""
+def _operands(xp: jax.Array, w: jax.Array, p: _tiles.TilePlan, dtype):
+    """``(inputs, weights)`` of `_products`: per feature group the (padded or
+    unpadded) input's channels and the ``(kh * kw * Cin / groups, Cout /
+    groups)`` weight matrix (all channels, one matrix, when ungrouped); for a
+    depthwise convolution (`computes_depthwise`) the whole input and one
+    ``(kh * kw, Cout)`` matrix of per-tap weights."""
     if computes_depthwise(p.cin, p.groups):
-        return (xp,)
-    cg = p.cin // p.groups
-    return tuple(xp[..., g * cg : (g + 1) * cg] for g in range(p.groups))
-
-
-def _group_weights(w: jax.Array, p: _tiles.TilePlan, dtype) -> tuple[jax.Array, ...]:
-    """Each group's ``(kh * kw * Cin / groups, Cout / groups)`` weight matrix; for a
-    depthwise convolution one ``(kh * kw, Cout)`` matrix of per-tap weights."""
-    if computes_depthwise(p.cin, p.groups):
-        return (w.reshape(p.kh * p.kw, p.cout).astype(dtype),)
-    og = p.cout // p.groups
-    return tuple(
+        return (xp,), (w.reshape(p.kh * p.kw, p.cout).astype(dtype),)
+    cg, og = p.cin // p.groups, p.cout // p.groups
+    inputs = tuple(xp[..., g * cg : (g + 1) * cg] for g in range(p.groups))
+    weights = tuple(
         w[..., g * og : (g + 1) * og].reshape(-1, og).astype(dtype) for g in range(p.groups)
     )
+    return inputs, weights
 
 
-def _group_products(xps, wms, b, oy, ox, p: _tiles.TilePlan, dtype) -> jax.Array:
-    """(rows, Cout): each group's patches times its weights, groups side by side."""
+def _products(xps, wms, b, oy, ox, p: _tiles.TilePlan, dtype) -> jax.Array:
+    """(rows, Cout) from `_operands`: each group's patches times its weights,
+    groups side by side, or the depthwise taps' weighted sum."""
     if computes_depthwise(p.cin, p.groups):
         return _depthwise_products(xps[0], wms[0], b, oy, ox, p, dtype)
     vals = [_patches(xp, b, oy, ox, p).astype(dtype) @ wm for xp, wm in zip(xps, wms, strict=True)]
@@ -372,14 +369,14 @@ def _rows_unbatched(x, w, reuse_mask, cached, epi_ops, rp: RowPlan, fn=None) -> 
         b, rem = r // hw, r % hw  # padding slots: b >= N, dropped by the scatter
         oy, ox = rem // p.wo, rem % p.wo
         bc = jnp.minimum(b, p.n - 1)
-        vals = _group_products(xp, wm, bc, oy, ox, p, out_dtype)
+        vals = _products(xp, wm, bc, oy, ox, p, out_dtype)
         ops, pix = epi_ops
         vals = apply_epilogue(fn, vals, ops, tuple(q[bc, oy, ox] for q in pix))
         return _scatter_rows(out, jnp.stack([b, oy, ox], axis=1), vals)
 
     def prepare(x, w, dirty, epi_ops):  # once a frame: the dirty list, padding, weights
-        xps = _group_inputs(x if _tap_rows(p) else _tiles.pad_input(x, p), p)
-        return xps, _group_weights(w, p, out_dtype), compact(dirty, rp.capacity), epi_ops
+        xps, wms = _operands(x if _tap_rows(p) else _tiles.pad_input(x, p), w, p, out_dtype)
+        return xps, wms, compact(dirty, rp.capacity), epi_ops
 
     def dense(x, w, dirty, epi_ops):
         return apply_epilogue(fn, dense_conv(x, w, p), *epi_ops)

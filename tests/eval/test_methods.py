@@ -246,7 +246,7 @@ def test_the_timed_twin_runs_the_plan_the_reporting_runner_raced_to(
 
     from dcjax import autotune
     from dcjax.eval.registry import make_runner
-    from tests.tuning_fakes import fake_measurements
+    from tests.tuning_fakes import fake_measurements, race_samples_of
 
     costs = {"dense": lambda f: 1e-3, "xla": lambda f: 1e-4 + 5e-4 * f, "rows": lambda f: 2e-3}
     fake_measurements(monkeypatch, tmp_path / "tuning.json", costs)
@@ -254,9 +254,7 @@ def test_the_timed_twin_runs_the_plan_the_reporting_runner_raced_to(
     verdicts = iter([(1.0, 2.0, 3.0, 4.0), (3.0, 2.0, 1.0, 4.0)])
     monkeypatch.setattr(
         autotune, "race_samples",
-        lambda models, frames, *a, **k: np.broadcast_to(
-            np.asarray(next(verdicts)[: len(models)]), (3, 4, len(models))
-        ).copy(),
+        lambda models, frames, *a, **k: race_samples_of(next(verdicts)[: len(models)]),
     )  # fmt: skip
     calibrated = dataclasses.replace(spec, calibration=np.asarray(clip))
     runner = make_runner(calibrated, "deepcache", {"tuning": "measure"})
