@@ -179,7 +179,7 @@ def matcher_of(config: Config) -> StreamMatcher:
     return StreamMatcher(
         name=config.matcher, options=config.matcher_options, block_size=config.block_size,
         psnr_threshold=config.psnr_threshold, color=config.color,
-        data_range=config.data_range, key=config.key,
+        data_range=config.data_range, key=config.key, max_change=config.max_pixel_change,
     )  # fmt: skip
 
 

@@ -180,6 +180,16 @@ class Config:
         psnr_threshold: a block is reusable when its PSNR (dB) against the
             key frame (see ``key``) at the global motion is above this.
             ``inf`` never reuses.
+        max_pixel_change: a per-pixel cap on what a reusable block may hide:
+            inside a block that passes ``psnr_threshold``, a pixel whose value
+            on the matcher's planes (luma, or any colour with ``color="rgb"``)
+            differs from the key's at the global motion by more than this
+            fraction of the data range is not reused (nor what its windows
+            reach inside the network). A block's PSNR averages its pixels, so
+            a small object that moves inside a still block (a face a few
+            pixels tall) can pass the block test; this catches it. None (the
+            default): blocks only, as in the paper. In [0, 1]; the scene-cut
+            test (``min_match``) still counts whole blocks.
         key: what the matcher compares each frame with (`dcjax.matching.KEYS`).
             ``"reference"`` (the default): the pixels the caches were computed
             from, i.e. the previous key shifted by the motion where the frame
@@ -308,6 +318,7 @@ class Config:
 
     block_size: int = 10
     psnr_threshold: float = 20.0
+    max_pixel_change: float | None = None
     key: str = "reference"
     refresh_every: int | None = 10
     refresh_bands: int = 1
@@ -336,6 +347,16 @@ class Config:
         _check(
             isinstance(self.psnr_threshold, (int, float)) and not math.isnan(self.psnr_threshold),
             f"Config.psnr_threshold must be a number (dB), got {self.psnr_threshold!r}",
+        )
+        _check(
+            self.max_pixel_change is None
+            or (
+                isinstance(self.max_pixel_change, (int, float))
+                and not isinstance(self.max_pixel_change, bool)
+                and 0.0 <= self.max_pixel_change <= 1.0
+            ),
+            "Config.max_pixel_change must be None or a fraction of the data range in [0, 1], "
+            f"got {self.max_pixel_change!r}",
         )
         _check(
             self.refresh_every is None

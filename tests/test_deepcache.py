@@ -208,6 +208,41 @@ def test_reference_key_keeps_reused_pixels_within_the_threshold_of_their_feature
     assert errors["previous"][-1] > 5 * max(errors["reference"])
 
 
+@pytest.mark.parametrize(("matcher", "color"), [("diamond", "luma"), ("static", "rgb")])
+def test_max_pixel_change_recomputes_a_small_change_inside_a_passing_block(matcher, color):
+    """A 2x2 patch brightened by 0.3 inside a 10x10 block: the block's PSNR
+    (24 dB) passes the 20 dB test, so plain DeepCache reuses the stale
+    features there; with ``max_pixel_change`` below the change the patch is
+    not reused and the output equals the model's on the new frame."""
+    w = jax.random.normal(jax.random.key(3), (3, 3, 3, 4)) * 0.3
+
+    def conv(variables, x):
+        return jax.lax.conv_general_dilated(
+            x, variables, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    first = 0.6 * _photo(SIZE, 4) + 0.1
+    second = first.copy()
+    second[13:15, 22:24] += 0.3
+    want = conv(w, jnp.asarray(second)[None])
+    errors, reuse = {}, {}
+    for cap in (None, 0.2, 0.4):
+        cfg = deepcache.Config(
+            matcher=matcher, color=color, max_pixel_change=cap, refresh_every=None,
+            data_range=1.0, kernel="xla",
+        )  # fmt: skip
+        cached = deepcache.transform(conv, w, frame_shape=(SIZE, SIZE, 3), config=cfg)
+        state = cached.init()
+        _, state, _ = cached.step(state, first)
+        out, state, info = cached.step(state, second)
+        errors[cap] = float(jnp.abs(out - want).max())
+        reuse[cap] = float(info["input_reuse"])
+    assert reuse[None] == 1.0 and errors[None] > 0.05  # the stale patch
+    assert reuse[0.4] == 1.0 and errors[0.4] == errors[None]  # a cap above the change
+    assert reuse[0.2] == 1.0 - 4 / SIZE**2  # the patch's four pixels, not the block
+    assert errors[0.2] <= 1e-5
+
+
 @pytest.mark.parametrize(
     ("matcher", "color", "shape"),
     [
@@ -556,6 +591,9 @@ def test_bad_model_and_frame_shape():
         ({"min_match": 1.5}, "min_match"),
         ({"psnr_threshold": float("nan")}, "psnr_threshold"),
         ({"statistics": 1}, "statistics"),
+        ({"max_pixel_change": 1.5}, "max_pixel_change"),
+        ({"max_pixel_change": -0.01}, "max_pixel_change"),
+        ({"max_pixel_change": True}, "max_pixel_change"),
     ],
 )
 def test_config_validation_names_the_field(kwargs, field):

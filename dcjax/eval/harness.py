@@ -519,6 +519,7 @@ def input_masks(
         psnr_threshold=float(cfg.get("psnr_threshold", 20.0)),
         color=cfg.get("color", "luma"),
         data_range=cfg.get("data_range"),
+        max_change=cfg.get("max_pixel_change"),
     )
     one = jax.jit(lambda prev, cur: matcher.match_frames(prev, cur).mask)
 

@@ -208,6 +208,9 @@ class StreamMatcher:
         color: one of `COLORS`.
         data_range: PSNR peak; None for 255 (integer frames) or 1.0 (float).
         key: one of `KEYS`.
+        max_change: a reusable pixel's largest change against the key at the
+            global motion, as a fraction of the data range, on the matcher's
+            planes (`Config.max_pixel_change`); None: no per-pixel test.
     """
 
     name: str
@@ -217,6 +220,7 @@ class StreamMatcher:
     color: str = "luma"
     data_range: float | None = None
     key: str = "reference"
+    max_change: float | None = None
 
     @property
     def planes_key(self) -> bool:
@@ -240,17 +244,34 @@ class StreamMatcher:
         self, prev_key: jax.Array, frame: jax.Array, key: jax.Array, init_motion: jax.Array
     ) -> Match:
         """Match ``frame`` (whose `key_of` is ``key``) against the key ``prev_key``."""
-        if self.planes_key:
-            return block_match_planes(
-                prev_key, key, peak=psnr_peak(frame.dtype, self.data_range), search=self.name,
-                init_motion=init_motion, block_size=self.block_size,
-                psnr_threshold=self.psnr_threshold, color=self.color,
-                **_search_kwargs(self.options),
-            )  # fmt: skip
-        return self.match_frames(prev_key.astype(frame.dtype), frame)
+        if not self.planes_key:
+            return self.match_frames(prev_key.astype(frame.dtype), frame)
+        peak = psnr_peak(frame.dtype, self.data_range)
+        m = block_match_planes(
+            prev_key, key, peak=peak, search=self.name, init_motion=init_motion,
+            block_size=self.block_size, psnr_threshold=self.psnr_threshold, color=self.color,
+            **_search_kwargs(self.options),
+        )  # fmt: skip
+        return self._capped(m, prev_key, key, peak)
 
     def match_frames(self, prev: jax.Array, cur: jax.Array, init_motion: Any = (0, 0)) -> Match:
         """Match frame ``cur`` against frame ``prev`` (both ``(H, W, C)``, one dtype)."""
+        m = self._match_frames(prev, cur, init_motion)
+        if self.max_change is None or self.name == "none":
+            return m
+        peak = psnr_peak(cur.dtype, self.data_range)
+        return self._capped(m, planes(prev, self.color), planes(cur, self.color), peak)
+
+    def _capped(self, m: Match, prev_planes: jax.Array, cur_planes: jax.Array, peak) -> Match:
+        """``m`` without the pixels that changed by more than `max_change` (the
+        planes ``(C', H, W)`` of the key and of the frame)."""
+        if self.max_change is None:
+            return m
+        dy, dx = m.motion[0], m.motion[1]
+        change = jnp.abs(cur_planes - shifted(prev_planes, dy, dx, (1, 2))).max(0)
+        return dataclasses.replace(m, mask=m.mask & (change <= self.max_change * peak))
+
+    def _match_frames(self, prev: jax.Array, cur: jax.Array, init_motion: Any) -> Match:
         if self.name in SEARCHES:
             return block_match(
                 prev, cur, search=self.name, init_motion=init_motion,
