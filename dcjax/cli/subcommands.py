@@ -59,9 +59,11 @@ def _per_layer_text(record: dict[str, Any], limit: int | None = None) -> str:
 
 
 def _where_time_went(records: Sequence[dict[str, Any]]) -> str:
+    from dcjax.eval.metrics import BASELINES
+
     lines = []
     for r in records:
-        if r["method"] in ("nocache", "plain"):
+        if r["method"] in BASELINES:
             continue
         parts = [
             f"{label} {r[key]:.1f} ms"

@@ -68,8 +68,8 @@ __all__ = [
     "zoo_table",
 ]
 
-#: The methods every evaluation runs as baselines (`dcjax.eval.methods`).
-BASELINES = ("nocache", "plain")
+#: The methods every evaluation runs as baselines (`dcjax.eval.metrics.BASELINES`).
+BASELINES = metrics.BASELINES
 
 #: The first frames of a clip that a method's measured tuning calibrates on
 #: (`ModelSpec.calibration`), where the spec brings none.

@@ -74,6 +74,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "BASELINES",
     "DETECTION_KEYS",
     "PLAIN_FORMS",
     "RECORD_KEYS",
@@ -135,6 +136,10 @@ DETECTION_KEYS = (
     "reference_boxes",
     "heatmap_max_err",
 )
+
+#: The methods every evaluation runs as baselines (`dcjax.eval.methods`): their
+#: records are the references of the others' speedups and fidelity.
+BASELINES = ("nocache", "plain")
 
 #: The forms of the plain baseline, ``jax.jit(model.apply)`` (see the module docstring).
 PLAIN_FORMS = ("args", "const")

@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from dcjax.eval.metrics import BASELINES
+
 __all__ = [
     "cache_memory",
     "latency_by_method",
@@ -97,13 +99,11 @@ def _video_name(path: str) -> str:
 
 def per_layer(records: Sequence[Record], method: str | None = None) -> Figure | None:
     """Per model (its first record of the variant ``method``, or with None of
-    any method but the baselines ``nocache`` and ``plain``), reuse fraction and
-    FLOPs share by layer."""
+    any method but the baselines, `dcjax.eval.metrics.BASELINES`), reuse
+    fraction and FLOPs share by layer."""
     chosen: dict[str, Record] = {}
     for r in records:
-        wanted = (
-            r["method"] not in ("nocache", "plain") if method is None else r["variant"] == method
-        )
+        wanted = r["method"] not in BASELINES if method is None else r["variant"] == method
         if wanted and r["per_layer"] and r["model"] not in chosen:
             chosen[r["model"]] = r
     if not chosen:

@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 
 from dcjax.eval import plots
 from dcjax.eval import profile as profile_lib
+from dcjax.eval.metrics import BASELINES
 
 __all__ = [
     "SHORT_COLUMNS",
@@ -229,7 +230,7 @@ def write_report(
         f"{html.escape(os.path.basename(r['video']))} / {html.escape(r['variant'])}: "
         f"per layer</summary>{_per_layer_table(r)}</details>"
         for r in records
-        if r["method"] not in ("nocache", "plain") and r["per_layer"]
+        if r["method"] not in BASELINES and r["per_layer"]
     )
     matcher_table = ""
     if matcher_rows:

@@ -412,10 +412,10 @@ def rows_masked_conv(
         (N, Ho, Wo, Cout) output.
 
     Raises:
-        ValueError: groups the kernel does not compute (`computes_groups`).
+        ValueError: groups the kernel does not compute (`computes`).
     """
     groups = geometry.groups
-    if groups != 1 and not computes(x.shape[-1], groups):
+    if not computes(x.shape[-1], groups):
         raise ValueError(
             f"dcjax: the rows kernel computes ungrouped convolutions, up to {MAX_GROUPS} "
             f"groups of at least {TAP_ROWS_MIN_CIN} input channels, and depthwise ones of at "

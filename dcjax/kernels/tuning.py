@@ -164,7 +164,7 @@ class LayerTuning:
 def candidates(p: TilePlan, backend: str, scattered: bool = False) -> tuple[KernelChoice, ...]:
     """The kernels that can compute the layer ``p`` on ``backend`` (see the module docstring)."""
     out = [KernelChoice(impl="dense"), KernelChoice(impl="xla")]
-    if p.groups == 1 or _rows.computes(p.cin, p.groups):
+    if _rows.computes(p.cin, p.groups):
         out.append(KernelChoice(impl="rows", chunk=_auto.row_chunk(p, scattered)))
     if backend == "gpu":
         from dcjax.kernels import pallas_gpu
