@@ -49,7 +49,7 @@ bench: $(STAMP)
 # `make gpu-run GPU_PY=python3` runs the same checks with an interpreter that
 # already has jax with CUDA and the project's dependencies (no install, no
 # network), taking the project from this checkout.
-GPU_TESTS := pallas or epilogue or invariants_hold or vmap or delta_zero or error_bound or skip or still or auto_on_gpu
+GPU_TESTS := pallas or epilogue or invariants_hold or vmap or delta_zero or error_bound or skip or still or auto_on_gpu or gpu_program or host_syncs
 GPU_PY ?= $(PY)
 gpu-check: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[gpu]"
@@ -60,9 +60,13 @@ gpu-run:
 	XLA_FLAGS="--xla_backend_optimization_level=3 $${XLA_FLAGS:-}" \
 	JAX_DEFAULT_MATMUL_PRECISION=highest PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q \
 		tests/kernels/test_pallas.py tests/kernels/test_api.py tests/test_deepcache.py \
-		tests/transforms/test_refine.py -k "$(GPU_TESTS)"
+		tests/transforms/test_refine.py tests/test_step.py tests/transforms/test_host_syncs.py -k "$(GPU_TESTS)"
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m dcjax bench kernels --impls xla,pallas \
 		--precision default --out bench-results/kernels-gpu.json
+	# what the measured ResNet-50 step reads on the host a frame (one: the still-frame skip)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -c 'import dcjax; from dcjax import models; \
+		m, v = models.create("resnet50"); c = dcjax.transform(m, v, frame_shape=(224, 224, 3)); \
+		print("ResNet-50 host syncs a frame:", [s.where for s in c.host_syncs()])'
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m dcjax bench --models resnet50 alexnet googlenet \
 		yolo_tiny dave efficientnet_lite0 --videos vtest box --methods nocache deepcache deepcache:kernel=pallas \
 		--frames 40 --json bench-results/gpu.json

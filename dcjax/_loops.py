@@ -31,7 +31,9 @@ Contract:
   and TPU callers do the work unconditionally, or in loops of static length.
   The one exception is the step's skip of a whole still frame
   (`dcjax.deepcache.Config.skip_unchanged`), which saves a network per predicate
-  read.
+  read. Inside ``with skipping(pays):`` it returns ``pays`` whatever the
+  backend, so that the program of another backend can be traced and run here
+  (`dcjax.transforms.host_syncs` lists what such a program reads on the host).
 
 Why loops and not `lax.cond`: XLA:CPU copies the operand a conditional's branch
 passes through into the conditional's result buffer, where a loop carry keeps
@@ -43,14 +45,28 @@ while some stream still needs it, and selects per stream.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["halving_schedule", "halving_sizes", "pinned", "run_if", "shifted", "skipping_pays"]
+__all__ = [
+    "halving_schedule",
+    "halving_sizes",
+    "pinned",
+    "run_if",
+    "shifted",
+    "skipping",
+    "skipping_pays",
+]
+
+_SKIPPING: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+    "dcjax_skipping", default=None
+)
 
 
 def pinned(operands: Any, i: jax.Array) -> Any:
@@ -87,8 +103,23 @@ def halving_schedule(
 
 
 def skipping_pays() -> bool:
-    """Whether data-dependent loops and conditionals pay on the default backend."""
-    return jax.default_backend() == "cpu"
+    """Whether data-dependent loops and conditionals pay on the default backend
+    (or what the innermost `skipping` says)."""
+    pays = _SKIPPING.get()
+    return jax.default_backend() == "cpu" if pays is None else pays
+
+
+@contextlib.contextmanager
+def skipping(pays: bool) -> Iterator[None]:
+    """Within, `skipping_pays` returns ``pays`` (see the module docstring).
+
+    It acts when a program is traced: a step traced inside keeps the choice.
+    """
+    token = _SKIPPING.set(bool(pays))
+    try:
+        yield
+    finally:
+        _SKIPPING.reset(token)
 
 
 def shifted(a: jax.Array, dy: jax.Array, dx: jax.Array, axes: tuple[int, int]) -> jax.Array:

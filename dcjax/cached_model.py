@@ -31,6 +31,7 @@ from dcjax.state import CacheState, init_state
 from dcjax.step import Step, frame_finite
 from dcjax.streams import Streams
 from dcjax.transforms.analysis import analyze
+from dcjax.transforms.host_syncs import HostSync, host_syncs
 from dcjax.transforms.interpreter import dense_forward
 from dcjax.transforms.records import DenseLayer, Layer
 from dcjax.transforms.spatial import Spatial
@@ -341,6 +342,29 @@ class CachedModel:
                 functools.partial(self._step, skip_still=False), donate_argnums=(1,)
             )
         return self._profiled_jit, (self._traced.leaves, state, frame, None)
+
+    def host_syncs(self) -> tuple[HostSync, ...]:
+        """The step's data-dependent control flow as traced for the default
+        backend (`dcjax.transforms.host_syncs`): on a GPU each entry is a
+        predicate the host reads every frame (a loop's, every trip).
+
+        On a GPU with ``kernel="auto"`` or ``"pallas"`` there is one, the
+        still-frame skip (`Config.skip_unchanged`; none without it); each
+        semantic exit adds a conditional. The tile and row kernels
+        (``kernel="xla"`` or ``"rows"``) add loops of zero or one trip per
+        layer and step size. Tracing does not count in `trace_count`.
+        """
+        frame = jax.ShapeDtypeStruct(self.frame_shape, jnp.uint8)
+        traces = self._step.traces
+        try:
+            if self._bare_jit is not None:
+                jaxpr = jax.make_jaxpr(self._bare_step)(self._traced.leaves, frame)
+            else:
+                state = jax.eval_shape(self.init)
+                jaxpr = jax.make_jaxpr(self._step)(self._traced.leaves, state, frame, None)
+        finally:
+            self._step.traces = traces
+        return host_syncs(jaxpr)
 
     def run(
         self,

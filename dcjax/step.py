@@ -317,11 +317,13 @@ class Step:
         inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
         if cfg.psnr_threshold == float("inf"):
             r0 = jnp.zeros((h, w), bool)  # never reuse, whatever the matcher says
-        else:
+        elif skipping_pays():
             # A conditional materialises the mask: otherwise XLA fuses its whole
             # derivation (block PSNRs, expansion to pixels, the frame border)
             # into every consumer of every layer's mask, once per pixel.
             r0 = lax.cond(refresh, lambda: jnp.zeros((h, w), bool), lambda: m.mask & inside)
+        else:  # no predicate read on the host (`dcjax._loops.skipping_pays`)
+            r0 = m.mask & inside & ~refresh
         if cfg.refresh_bands > 1:
             rows = jnp.arange(h)
             start, stop = band * h // cfg.refresh_bands, (band + 1) * h // cfg.refresh_bands

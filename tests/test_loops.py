@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from jax.extend.core import jaxpr_as_fun
 
-from dcjax._loops import halving_sizes, run_if, shifted
+from dcjax._loops import halving_sizes, run_if, shifted, skipping, skipping_pays
 
 
 @given(st.integers(1, 64), st.integers(1, 5000))
@@ -63,3 +64,25 @@ def test_shifted_under_vmap_runs_one_unbatched_loop_without_a_per_stream_select(
     assert cond.outvars[0].aval.shape == ()
     body = loops[0].params["body_jaxpr"].jaxpr
     assert not [e for e in body.eqns if e.primitive.name == "select_n"]
+
+
+def test_skipping_overrides_the_backend_inside_and_restores_it_after():
+    on_cpu = jax.default_backend() == "cpu"
+    assert skipping_pays() == on_cpu
+    with skipping(not on_cpu):
+        assert skipping_pays() == (not on_cpu)
+        with skipping(on_cpu):
+            assert skipping_pays() == on_cpu
+        assert skipping_pays() == (not on_cpu)
+    with pytest.raises(RuntimeError), skipping(False):
+        raise RuntimeError
+    assert skipping_pays() == on_cpu
+    # what a program traced inside does: the roll of `shifted` unconditional
+    a = jnp.arange(12.0).reshape(3, 4)
+    with skipping(False):
+        jaxpr = jax.make_jaxpr(lambda a, d: shifted(a, d, d, (0, 1)))(a, jnp.int32(1))
+    assert "while" not in [e.primitive.name for e in jaxpr.jaxpr.eqns]
+    np.testing.assert_array_equal(
+        np.asarray(jaxpr_as_fun(jaxpr)(a, jnp.int32(1))[0]),
+        np.roll(np.asarray(a), (-1, -1), (0, 1)),
+    )

@@ -1,5 +1,7 @@
-"""The per-frame step's refresh schedule (`dcjax.step`): a periodic refresh
-spread over frames in bands of rows (`Config.refresh_bands`)."""
+"""The per-frame step (`dcjax.step`): the refresh schedule, a periodic refresh
+spread over frames in bands of rows (`Config.refresh_bands`); the program
+traced for a GPU (no data-dependent skipping, `dcjax._loops.skipping`), which
+reads one predicate on the host a frame and computes what the CPU's does."""
 
 import flax.linen as nn
 import jax
@@ -8,6 +10,7 @@ import numpy as np
 import pytest
 
 import dcjax
+from dcjax._loops import skipping
 from dcjax.step import refresh_band
 
 SHAPE = (24, 32, 3)
@@ -107,3 +110,78 @@ def test_banded_refreshes_under_motion_equal_the_model(model, motion=(2, -3)):
         np.testing.assert_allclose(np.asarray(outs)[:, 0], np.asarray(want), rtol=1e-4, atol=1e-4)
     # stream 1 starts two frames into its period: its bands come two frames early
     assert [b[0] for b in bands][:5] != [b[1] for b in bands][:5]
+
+
+def _pan(n, motion=(1, 1), still=(3,)):
+    """``n`` frames of a camera panning by ``motion`` a frame over a random
+    canvas, frames ``still`` repeating the one before."""
+    h, w, c = SHAPE
+    canvas = np.random.default_rng(2).integers(0, 256, (h + 64, w + 64, c)).astype(np.uint8)
+    frames, t = [], 0
+    for i in range(n):
+        t += i not in still
+        y, x = 16 + t * motion[0], 40 + t * motion[1]
+        frames.append(canvas[y : y + h, x : x + w])
+    return frames
+
+
+GPU_CONFIGS = {
+    "deepcache": {},
+    "refine": {"refine": dcjax.RefineConfig(delta=0.05)},
+    "cap": {"max_pixel_change": 0.1, "color": "rgb"},
+}
+
+
+@pytest.mark.parametrize("name", GPU_CONFIGS)
+def test_the_gpu_program_reads_one_predicate_a_frame_and_computes_what_the_cpu_program_does(
+    model, name
+):
+    net, variables = model
+    cfg = dcjax.Config(kernel="pallas", min_match=0.0, refresh_every=5, **GPU_CONFIGS[name])
+    frames = _pan(7)
+
+    def run(cached):  # traced on the first step, under the caller's `skipping`
+        state, outs, infos = cached.init(), [], []
+        for frame in frames:
+            out, state, info = cached.step(state, frame)
+            outs.append(np.asarray(out))
+            infos.append(jax.device_get(info))
+        return outs, infos
+
+    with skipping(True):  # the program a CPU runs, on any backend
+        cpu = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg)
+        assert len(cpu.host_syncs()) > 1  # it skips work per layer and matcher step
+        want, want_infos = run(cpu)
+    with skipping(False):  # the program a GPU runs, on any backend
+        gpu = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg)
+        (sync,) = gpu.host_syncs()
+        assert sync.primitive == "while" and "_still_or_forward" in sync.where
+        got, infos = run(gpu)
+    for t in range(len(frames)):
+        np.testing.assert_allclose(got[t], want[t], atol=2e-5)
+        for key in ("motion", "skipped", "refreshed", "match_ratio", "input_reuse"):
+            np.testing.assert_array_equal(infos[t][key], want_infos[t][key])
+    assert [bool(i["skipped"]) for i in infos] == [t == 3 for t in range(len(frames))]
+    assert max(float(i["input_reuse"]) for i in infos[1:3]) > 0.5  # moving frames reused
+
+
+def test_the_gpu_programs_other_reads_the_still_frame_skip_and_the_tile_kernels(model):
+    net, variables = model
+    with skipping(False):
+        never = dcjax.Config(kernel="pallas", skip_unchanged=False)
+        assert dcjax.transform(net, variables, frame_shape=SHAPE, config=never).host_syncs() == ()
+        pooled = dcjax.transform(
+            net, variables, frame_shape=SHAPE, config=dcjax.Config(kernel="pallas")
+        ).streams(3, schedule="pooled")
+        states = jax.eval_shape(pooled.init)
+        frames = jax.ShapeDtypeStruct((3, *SHAPE), jnp.uint8)
+        step = pooled._step_fn(False, jitted=False)
+        jaxpr = jax.make_jaxpr(step)(pooled.cached._traced.leaves, states, frames, None)
+        # under vmap the streams share the one loop (a trip while any stream moves)
+        assert len(dcjax.transforms.host_syncs.host_syncs(jaxpr)) == 1
+        # the tile kernel's loops of zero or one trip, per layer and step size
+        tiles = dcjax.transform(
+            net, variables, frame_shape=SHAPE, config=dcjax.Config(kernel="xla")
+        ).host_syncs()
+        assert sum("sparse_or_dense" in s.where for s in tiles) >= 3
+

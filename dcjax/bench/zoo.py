@@ -46,6 +46,7 @@ from dcjax.bench.common import (
     time_interleaved,
     write_json,
 )
+from dcjax.transforms.host_syncs import sub_jaxprs
 
 __all__ = ["JaxprCost", "count_cost", "main", "measure"]
 
@@ -94,17 +95,6 @@ def _size(aval: Any) -> int:
     return math.prod(getattr(aval, "shape", ()))
 
 
-def _sub_jaxprs(params: dict[str, Any]) -> list[core.Jaxpr]:
-    subs = []
-    for value in params.values():
-        for item in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(item, core.ClosedJaxpr):
-                subs.append(item.jaxpr)
-            elif isinstance(item, core.Jaxpr):
-                subs.append(item)
-    return subs
-
-
 def count_cost(jaxpr: core.Jaxpr, cost: JaxprCost | None = None) -> JaxprCost:
     """Counts FLOPs per kind and conv output bytes of ``jaxpr`` (sub-jaxprs included).
 
@@ -117,7 +107,7 @@ def count_cost(jaxpr: core.Jaxpr, cost: JaxprCost | None = None) -> JaxprCost:
     """
     cost = JaxprCost() if cost is None else cost
     for eqn in jaxpr.eqns:
-        subs = _sub_jaxprs(eqn.params)
+        subs = sub_jaxprs(eqn.params)
         if subs:
             for sub in subs:
                 count_cost(sub, cost)

@@ -15,7 +15,9 @@ commands are in docs/performance-notes.md, under the headings named):
   maps are cached whatever their FLOPs, if intense enough (LARGE_MAP_PIXELS,
   LARGE_MAP_MIN_INTENSITY)").
 - GPU, a layer under `GPU_SMALL_LAYER_FLOPS`: ``"dense"`` ("GPU: small layers
-  run dense (GPU_SMALL_LAYER_FLOPS)").
+  run dense (GPU_SMALL_LAYER_FLOPS)"); and one the Pallas kernel does not
+  compute (a channel multiplier): the tile kernel's loops would read their
+  predicates on the host (`dcjax.transforms.host_syncs`).
 - CPU, a spatial layer (k > 1, ungrouped) with `rows_pays` (at least
   `rows.TAP_ROWS_MIN_CIN` input channels) or with scattered masks: ``"rows"``
   ("Spatial layers with 16 or more input channels go to the row kernel on
@@ -108,7 +110,7 @@ def choose(
     """
     if backend == "cpu" and dense_flops(p) < SMALL_LAYER_FLOPS and not large_map(p):
         return "dense", None
-    if backend == "gpu" and dense_flops(p) < GPU_SMALL_LAYER_FLOPS:
+    if backend == "gpu" and (dense_flops(p) < GPU_SMALL_LAYER_FLOPS or not _pallas_gpu_computes(p)):
         return "dense", None
     if (
         backend == "cpu"
@@ -120,6 +122,14 @@ def choose(
     if backend == "cpu" and layer_class(p) == "grouped" and _rows.computes_groups(p.cin, p.groups):
         return "rows", None
     return TABLE.get((backend, layer_class(p)), ("xla", None))
+
+
+def _pallas_gpu_computes(p: TilePlan) -> bool:
+    """Whether the Pallas GPU kernel computes the layer (imported here only: it
+    loads Triton's Pallas backend)."""
+    from dcjax.kernels import pallas_gpu
+
+    return pallas_gpu.supports((p.kh, p.kw, p.cin // p.groups, p.cout), p.groups)
 
 
 #: Smallest step of the row kernel (rows) where the masks are blobs (see `row_chunk`;

@@ -4,9 +4,11 @@ Contract:
 
 - `candidates(p, backend)` lists the `KernelChoice`s that can compute a layer
   (its `TilePlan`) on a backend: always ``"dense"`` (the whole convolution,
-  no cache), the tile kernel ``"xla"``, the row kernel ``"rows"`` where it
-  computes the layer itself (not depthwise), ``"pallas_gpu"`` on GPU where it
-  supports the layer.
+  no cache); off GPU the tile kernel ``"xla"`` and the row kernel ``"rows"``
+  where it computes the layer itself; on GPU ``"pallas_gpu"`` where it
+  supports the layer, and not the tile and row kernels, whose loops of zero
+  or one trip read their predicates on the host (`dcjax.transforms.host_syncs`):
+  a step on GPU reads one predicate a frame, the still-frame skip's.
 - `measure(p, choice, fractions)` times one candidate on the layer's real
   shapes at each dirty fraction of the output (seconds a call, the least of
   ``repeats`` calls after a warm-up): random input and weights, the cache
@@ -163,14 +165,16 @@ class LayerTuning:
 
 def candidates(p: TilePlan, backend: str, scattered: bool = False) -> tuple[KernelChoice, ...]:
     """The kernels that can compute the layer ``p`` on ``backend`` (see the module docstring)."""
-    out = [KernelChoice(impl="dense"), KernelChoice(impl="xla")]
-    if _rows.computes(p.cin, p.groups):
-        out.append(KernelChoice(impl="rows", chunk=_auto.row_chunk(p, scattered)))
+    out = [KernelChoice(impl="dense")]
     if backend == "gpu":
         from dcjax.kernels import pallas_gpu
 
         if pallas_gpu.supports((p.kh, p.kw, p.cin // p.groups, p.cout), p.groups):
             out.append(KernelChoice(impl="pallas_gpu"))
+        return tuple(out)
+    out.append(KernelChoice(impl="xla"))
+    if _rows.computes(p.cin, p.groups):
+        out.append(KernelChoice(impl="rows", chunk=_auto.row_chunk(p, scattered)))
     return tuple(out)
 
 

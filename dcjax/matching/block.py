@@ -209,6 +209,7 @@ def _shift_ssd(
         "all_vectors",
         "given_planes",
         "prejudge",
+        "skipping",
     ),
 )
 def _block_match(
@@ -228,7 +229,10 @@ def _block_match(
     all_vectors: bool = True,
     given_planes: bool = False,
     prejudge: bool = False,
+    skipping: bool = True,
 ) -> Match:
+    # ``skipping``: `skipping_pays()` where the match is traced, a static argument so
+    # that the jitted function's cache tells the programs apart (`dcjax._loops.skipping`)
     h, w = cur.shape[1:] if given_planes else cur.shape[:2]
     bs, k, r = block_size, k_skip, search_range
     if search == "three_step":
@@ -290,7 +294,7 @@ def _block_match(
         cur_p = lax.optimization_barrier(jnp.pad(cur_pl, ((0, 0), (0, eh), (0, ew))))
         # Step 2: per-block search from the (clipped) initial motion.
         start = jnp.clip(jnp.asarray(init_motion, jnp.int32)[:, None], geometry.lo, geometry.hi)
-        if search == "diamond" and k == 1 and skipping_pays():
+        if search == "diamond" and k == 1 and skipping:
             # From a zero start (a steady camera) most blocks never move: their
             # costs come from whole-plane passes and only the blocks that move
             # gather windows (`steady_diamond_search`). Any other start, or more
@@ -348,9 +352,12 @@ def _block_match(
             # Skipped when Step 2 covered every block (only possible with k_skip=1).
             # The conditional also keeps XLA from recomputing the global motion
             # inside the per-pixel loop of the recomputation.
-            ssd = lax.cond(
-                known.all(), lambda: stored, lambda: jnp.where(known, stored, recompute())
-            )
+            if skipping:
+                ssd = lax.cond(
+                    known.all(), lambda: stored, lambda: jnp.where(known, stored, recompute())
+                )
+            else:  # no predicate read on the host
+                ssd = jnp.where(known, stored, recompute())
         else:
             ssd = recompute()
         vectors = jnp.broadcast_to(motion, (nby, nbx, 2))
@@ -385,7 +392,7 @@ def _block_match(
 
         start_zero = jnp.all(jnp.asarray(init_motion) == 0)
         no_search = jnp.zeros((nby, nbx, 2), jnp.int32)
-        if skipping_pays():
+        if skipping:
             # From a zero start only. The loop also materialises the planes,
             # which a caller may compute in its program (the frame's luma from
             # interleaved colours): otherwise XLA fuses their computation
@@ -535,6 +542,7 @@ def _static(block_size, search, max_steps, k_skip, reuse_scores, color, search_r
         reuse_scores=bool(reuse_scores),
         color=color,
         search_range=int(search_range),
+        skipping=skipping_pays(),
     )
 
 

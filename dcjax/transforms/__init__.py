@@ -29,6 +29,8 @@ What the subpackage offers, lowest first:
   bounds); `refiners`: the tests of one frame, as the step runs them.
 - `exits`: semantic exit points (`exit_point`, `marked`) and the evaluation
   that skips the layers after a taken exit.
+- `host_syncs`: a program's data-dependent control flow, what XLA:GPU reads
+  on the host (`host_syncs`, `HostSync`).
 
 The names below are re-exported here; the rest is imported from its module.
 """

@@ -122,9 +122,11 @@ class InputRefiner:
         alone = self._tested_alone[owner]
         metric, delta = self._metric, self._delta
         old = self._ref_scale[owner]
-        scale = lax.cond(
-            (old > 0) & jnp.isfinite(old), lambda: old, lambda: refine_lib.scale(x, sig, metric)
-        )
+        kept = (old > 0) & jnp.isfinite(old)
+        if skipping_pays():  # the scale is measured once, on the first frame
+            scale = lax.cond(kept, lambda: old, lambda: refine_lib.scale(x, sig, metric))
+        else:  # no predicate read on the host: measured on every frame, kept once known
+            scale = jnp.where(kept, old, refine_lib.scale(x, sig, metric))
         dy, dx, _ = self._ctx.shift(sig)
         ref = shifted(self._refs[owner], dy, dx, sig.axes)
         valid = self._ctx.valid(sig) & self._layer_valid[owner] & ~self._refresh

@@ -187,6 +187,14 @@ def test_auto_runs_small_layers_dense_on_cpu() -> None:
     hires = plan((1, 448, 448, 64), (3, 3, 64, 64), ConvGeometry(strides=(1, 1), padding="SAME"))
     assert auto.dense_flops(big) < auto.GPU_SMALL_LAYER_FLOPS < auto.dense_flops(hires)
     assert auto.choose(hires, "gpu")[0] == "pallas_gpu"
+    # a depthwise layer with a channel multiplier, which the Pallas kernel does not
+    # compute, runs dense however large: the tile kernel would read its loops'
+    # predicates on the host
+    multiplier = plan(
+        (1, 448, 448, 64), (7, 7, 1, 256), ConvGeometry(strides=(1, 1), padding="SAME", groups=64)
+    )
+    assert auto.dense_flops(multiplier) > auto.GPU_SMALL_LAYER_FLOPS
+    assert auto.choose(multiplier, "gpu") == ("dense", None)
     depthwise = plan(
         (1, 56, 56, 64), (3, 3, 1, 64), ConvGeometry(strides=(1, 1), padding="SAME", groups=64)
     )

@@ -33,6 +33,14 @@ def test_candidates_are_dense_tiles_and_rows_where_rows_compute_the_layer():
     assert kt.KernelChoice(impl="xla", tile=(4, 8)).name == "xla:4x8"
 
 
+def test_candidates_on_gpu_read_no_predicate_on_the_host():
+    # the tile and row kernels' loops of zero or one trip would: dense and Pallas only
+    assert [c.impl for c in kt.candidates(_layer(), "gpu")] == ["dense", "pallas_gpu"]
+    # a depthwise layer with a channel multiplier, which the Pallas kernel does not
+    # compute: dense alone
+    assert [c.impl for c in kt.candidates(_layer(cin=4, cout=8, groups=4), "gpu")] == ["dense"]
+
+
 @pytest.mark.parametrize("fraction", [0.0, 0.1, 0.3, 0.5, 1.0])
 def test_blob_mask_is_one_rectangle_of_the_fraction(fraction):
     m = kt.blob_mask(2, 20, 30, fraction)

@@ -319,13 +319,13 @@ def test_zero_motion_prejudgement_is_the_same_position_test_where_it_holds():
     assert tuple(np.asarray(match(*pan, prejudge=True).motion)) == (3, -2)
 
 
-def test_zero_motion_prejudgement_off_cpu_selects_instead_of_skipping(monkeypatch):
+def test_zero_motion_prejudgement_off_cpu_selects_instead_of_skipping():
     """Where skipping does not pay (GPU), the prejudgement runs the search too and
     selects, with no data-dependent loop, and the result is the CPU path's."""
     import jax
 
+    from dcjax import _loops
     from dcjax.matching import block as B
-    from dcjax.matching import search as S
     from tests.kernels._strategies import all_eqns
 
     still = shifted_pair(photo("coffee"), (0, 0), shape=(64, 84))
@@ -334,23 +334,18 @@ def test_zero_motion_prejudgement_off_cpu_selects_instead_of_skipping(monkeypatc
     static = dict(block_size=10, search="diamond", max_steps=8, k_skip=1, reuse_scores=True,
                   color="luma", search_range=7, all_vectors=False, prejudge=True)  # fmt: skip
 
-    def run(fn, prev, cur):
-        return fn(
+    def run(prev, cur, skipping):
+        return B._block_match(
             planes(prev), planes(cur), jnp.zeros(2, jnp.int32), jnp.float32(25.0),
-            jnp.float32(255.0), given_planes=True, **static,
+            jnp.float32(255.0), given_planes=True, skipping=skipping, **static,
         )  # fmt: skip
 
-    cpu = [run(B._block_match, *pair) for pair in (still, pan)]
-    for mod in (B, S):
-        monkeypatch.setattr(mod, "skipping_pays", lambda: False)
-    fresh = jax.jit(  # a fresh trace, which sees the patch
-        lambda *a, **k: B._block_match.__wrapped__(*a, **k),
-        static_argnames=(*static, "given_planes"),
-    )
-    jaxpr = jax.make_jaxpr(lambda p, c: run(B._block_match.__wrapped__, p, c))(*still)
+    cpu = [run(*pair, True) for pair in (still, pan)]
+    with _loops.skipping(False):  # the program a GPU runs
+        jaxpr = jax.make_jaxpr(lambda p, c: run(p, c, False))(*still)
+        gpu = [run(*pair, False) for pair in (still, pan)]
     assert "while" not in [e.primitive.name for e in all_eqns(jaxpr.jaxpr)]
-    for want, pair in zip(cpu, (still, pan), strict=True):
-        got = run(fresh, *pair)
+    for want, got in zip(cpu, gpu, strict=True):
         for field in ("motion", "mask", "match_ratio"):
             np.testing.assert_array_equal(
                 np.asarray(getattr(got, field)), np.asarray(getattr(want, field))

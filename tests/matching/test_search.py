@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dcjax import _loops
 from dcjax.matching import block as B
 from dcjax.matching import match, steady
 from dcjax.matching import search as S
@@ -417,25 +420,21 @@ def test_fixed_step_diamond_equals_the_stopping_one(start):
     assert (np.asarray(stopping.vectors) != np.asarray(s)).any()  # blocks did move
 
 
-def test_matcher_off_cpu_has_no_data_dependent_loops(monkeypatch):
+def test_matcher_off_cpu_has_no_data_dependent_loops():
     """Where skipping does not pay (GPU), the diamond matcher searches every block
     by windows in one loop of static length, and finds what the CPU path finds."""
     prev, cur = _moving_patch("coffee", seed=4)
     cpu = _call(B._block_match, prev, cur)
-    for mod in (B, S):
-        monkeypatch.setattr(mod, "skipping_pays", lambda: False)
-    fn, _ = _window_only_match()  # a fresh jit, which sees the patch
     args = (jnp.asarray(prev), jnp.asarray(cur), jnp.zeros(2, jnp.int32))
     static = dict(block_size=10, search="diamond", max_steps=8, k_skip=1, reuse_scores=True,
-                  color="luma", search_range=R)  # fmt: skip
-    jaxpr = jax.make_jaxpr(
-        lambda p, c, i: B._block_match.__wrapped__(
-            p, c, i, jnp.float32(30.0), jnp.float32(255.0), **static
-        )
-    )(*args)
+                  color="luma", search_range=R, skipping=False)  # fmt: skip
+    with _loops.skipping(False):  # the program a GPU runs
+        jaxpr = jax.make_jaxpr(
+            lambda p, c, i: B._block_match(p, c, i, jnp.float32(30.0), jnp.float32(255.0), **static)
+        )(*args)
+        gpu = _call(functools.partial(B._block_match, skipping=False), prev, cur)
     names = [e.primitive.name for e in all_eqns(jaxpr.jaxpr)]
     assert "while" not in names and names.count("scan") == 1  # the steps, a static loop
-    gpu = _call(fn, prev, cur)
     a, b = np.asarray(cpu.block_vectors), np.asarray(gpu.block_vectors)
     assert (a != 0).any() and (a != b).any(-1).sum() <= 1  # as the steady-search test
     np.testing.assert_array_equal(np.asarray(cpu.motion), np.asarray(gpu.motion))
