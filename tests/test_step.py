@@ -184,4 +184,3 @@ def test_the_gpu_programs_other_reads_the_still_frame_skip_and_the_tile_kernels(
             net, variables, frame_shape=SHAPE, config=dcjax.Config(kernel="xla")
         ).host_syncs()
         assert sum("sparse_or_dense" in s.where for s in tiles) >= 3
-
