@@ -180,6 +180,7 @@ def matcher_of(config: Config) -> StreamMatcher:
         name=config.matcher, options=config.matcher_options, block_size=config.block_size,
         psnr_threshold=config.psnr_threshold, color=config.color,
         data_range=config.data_range, key=config.key, max_change=config.max_pixel_change,
+        change_size=config.pixel_change_size,
     )  # fmt: skip
 
 

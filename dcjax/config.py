@@ -190,6 +190,12 @@ class Config:
             pixels tall) can pass the block test; this catches it. None (the
             default): blocks only, as in the paper. In [0, 1]; the scene-cut
             test (``min_match``) still counts whole blocks.
+        pixel_change_size: with ``max_pixel_change``, the side of the smallest
+            square of pixels over the cap that is not reused: the pixels over
+            it are opened by that square, so isolated ones (compression noise,
+            which every convolution would widen into a hole in each layer's
+            reuse) are still reused, and a change of at least that square (an
+            object's) is not. 1 (the default) drops every pixel over the cap.
         key: what the matcher compares each frame with (`dcjax.matching.KEYS`).
             ``"reference"`` (the default): the pixels the caches were computed
             from, i.e. the previous key shifted by the motion where the frame
@@ -319,6 +325,7 @@ class Config:
     block_size: int = 10
     psnr_threshold: float = 20.0
     max_pixel_change: float | None = None
+    pixel_change_size: int = 1
     key: str = "reference"
     refresh_every: int | None = 10
     refresh_bands: int = 1
@@ -357,6 +364,13 @@ class Config:
             ),
             "Config.max_pixel_change must be None or a fraction of the data range in [0, 1], "
             f"got {self.max_pixel_change!r}",
+        )
+        _check(
+            isinstance(self.pixel_change_size, int)
+            and not isinstance(self.pixel_change_size, bool)
+            and self.pixel_change_size >= 1,
+            "Config.pixel_change_size must be an int >= 1 (a square's side in pixels), "
+            f"got {self.pixel_change_size!r}",
         )
         _check(
             self.refresh_every is None

@@ -213,7 +213,10 @@ def test_max_pixel_change_recomputes_a_small_change_inside_a_passing_block(match
     """A 2x2 patch brightened by 0.3 inside a 10x10 block: the block's PSNR
     (24 dB) passes the 20 dB test, so plain DeepCache reuses the stale
     features there; with ``max_pixel_change`` below the change the patch is
-    not reused and the output equals the model's on the new frame."""
+    not reused and the output equals the model's on the new frame. A single
+    pixel brightened alike in another block is dropped too, unless
+    ``pixel_change_size`` is 2: then only squares of 2x2 changed pixels count;
+    at 3 neither change does."""
     w = jax.random.normal(jax.random.key(3), (3, 3, 3, 4)) * 0.3
 
     def conv(variables, x):
@@ -223,24 +226,33 @@ def test_max_pixel_change_recomputes_a_small_change_inside_a_passing_block(match
 
     first = 0.6 * _photo(SIZE, 4) + 0.1
     second = first.copy()
-    second[13:15, 22:24] += 0.3
+    second[13:15, 22:24] += 0.3  # the patch
+    second[4, 4] += 0.3  # the single pixel
     want = conv(w, jnp.asarray(second)[None])
-    errors, reuse = {}, {}
-    for cap in (None, 0.2, 0.4):
+    errors, near_pixel, reuse = {}, {}, {}
+    for cap, size in ((None, 1), (0.2, 1), (0.4, 1), (0.2, 2), (0.2, 3)):
         cfg = deepcache.Config(
-            matcher=matcher, color=color, max_pixel_change=cap, refresh_every=None,
-            data_range=1.0, kernel="xla",
+            matcher=matcher, color=color, max_pixel_change=cap, pixel_change_size=size,
+            refresh_every=None, data_range=1.0, kernel="xla",
         )  # fmt: skip
         cached = deepcache.transform(conv, w, frame_shape=(SIZE, SIZE, 3), config=cfg)
         state = cached.init()
         _, state, _ = cached.step(state, first)
         out, state, info = cached.step(state, second)
-        errors[cap] = float(jnp.abs(out - want).max())
-        reuse[cap] = float(info["input_reuse"])
-    assert reuse[None] == 1.0 and errors[None] > 0.05  # the stale patch
-    assert reuse[0.4] == 1.0 and errors[0.4] == errors[None]  # a cap above the change
-    assert reuse[0.2] == 1.0 - 4 / SIZE**2  # the patch's four pixels, not the block
-    assert errors[0.2] <= 1e-5
+        err = jnp.abs(out - want)[0].max(-1)
+        errors[cap, size] = float(err.max())
+        near_pixel[cap, size] = float(err[3:6, 3:6].max())
+        reuse[cap, size] = float(info["input_reuse"])
+    assert reuse[None, 1] == 1.0 and errors[None, 1] > 0.05  # the stale changes
+    assert near_pixel[None, 1] > 0.01
+    assert reuse[0.4, 1] == 1.0 and errors[0.4, 1] == errors[None, 1]  # a cap above the change
+    assert reuse[0.2, 1] == 1.0 - 5 / SIZE**2  # the five pixels, not their blocks
+    assert errors[0.2, 1] <= 1e-5
+    # squares of 2: the patch is recomputed, the single pixel reused (stale)
+    assert reuse[0.2, 2] == 1.0 - 4 / SIZE**2
+    assert near_pixel[0.2, 2] == near_pixel[None, 1] and errors[0.2, 2] == near_pixel[None, 1]
+    # squares of 3: neither change is one
+    assert reuse[0.2, 3] == 1.0 and errors[0.2, 3] == errors[None, 1]
 
 
 @pytest.mark.parametrize(
@@ -594,6 +606,9 @@ def test_bad_model_and_frame_shape():
         ({"max_pixel_change": 1.5}, "max_pixel_change"),
         ({"max_pixel_change": -0.01}, "max_pixel_change"),
         ({"max_pixel_change": True}, "max_pixel_change"),
+        ({"pixel_change_size": 0}, "pixel_change_size"),
+        ({"pixel_change_size": 2.0}, "pixel_change_size"),
+        ({"pixel_change_size": True}, "pixel_change_size"),
     ],
 )
 def test_config_validation_names_the_field(kwargs, field):

@@ -520,6 +520,7 @@ def input_masks(
         color=cfg.get("color", "luma"),
         data_range=cfg.get("data_range"),
         max_change=cfg.get("max_pixel_change"),
+        change_size=int(cfg.get("pixel_change_size", 1)),
     )
     one = jax.jit(lambda prev, cur: matcher.match_frames(prev, cur).mask)
 

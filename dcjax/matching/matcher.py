@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from dcjax._loops import shifted
 from dcjax.matching.block import (
@@ -54,6 +55,7 @@ __all__ = [
     "SearchOptions",
     "StreamMatcher",
     "matcher_options",
+    "opened",
 ]
 
 #: Which planes the PSNR is computed on: the luma plane or every colour channel.
@@ -192,6 +194,19 @@ def matcher_options(matcher: str, options: Mapping[str, Any] | Options | None = 
     return kind(**options)
 
 
+def opened(flags: jax.Array, size: int) -> jax.Array:
+    """The morphological opening of the bool map ``flags`` (H, W) by a
+    ``size`` x ``size`` square: the flags that lie in some square of ``size``
+    all of whose pixels are flagged."""
+    if size > min(flags.shape):  # no square fits
+        return jnp.zeros(flags.shape, bool)
+    x = jnp.asarray(flags, jnp.float32)
+    window, strides = (size, size), (1, 1)
+    eroded = lax.reduce_window(x, 1.0, lax.min, window, strides, "VALID")
+    pad = ((size - 1, size - 1), (size - 1, size - 1))
+    return lax.reduce_window(eroded, 0.0, lax.max, window, strides, pad) > 0
+
+
 def _search_kwargs(options: SearchOptions) -> dict[str, Any]:
     return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
 
@@ -211,6 +226,11 @@ class StreamMatcher:
         max_change: a reusable pixel's largest change against the key at the
             global motion, as a fraction of the data range, on the matcher's
             planes (`Config.max_pixel_change`); None: no per-pixel test.
+        change_size: the side of the smallest square of pixels over
+            ``max_change`` that is not reused (`Config.pixel_change_size`):
+            the pixels over the cap are opened morphologically by a
+            ``change_size`` square, so an isolated pixel over it (compression
+            noise) is still reused; 1 drops every pixel over the cap.
     """
 
     name: str
@@ -221,6 +241,7 @@ class StreamMatcher:
     data_range: float | None = None
     key: str = "reference"
     max_change: float | None = None
+    change_size: int = 1
 
     @property
     def planes_key(self) -> bool:
@@ -264,12 +285,16 @@ class StreamMatcher:
 
     def _capped(self, m: Match, prev_planes: jax.Array, cur_planes: jax.Array, peak) -> Match:
         """``m`` without the pixels that changed by more than `max_change` (the
-        planes ``(C', H, W)`` of the key and of the frame)."""
+        planes ``(C', H, W)`` of the key and of the frame), in squares of at
+        least `change_size`."""
         if self.max_change is None:
             return m
         dy, dx = m.motion[0], m.motion[1]
         change = jnp.abs(cur_planes - shifted(prev_planes, dy, dx, (1, 2))).max(0)
-        return dataclasses.replace(m, mask=m.mask & (change <= self.max_change * peak))
+        over = change > self.max_change * peak
+        if self.change_size > 1:
+            over = opened(over, self.change_size)
+        return dataclasses.replace(m, mask=m.mask & ~over)
 
     def _match_frames(self, prev: jax.Array, cur: jax.Array, init_motion: Any) -> Match:
         if self.name in SEARCHES:
