@@ -373,6 +373,11 @@ class Config:
             f"got {self.pixel_change_size!r}",
         )
         _check(
+            self.pixel_change_size == 1 or self.max_pixel_change is not None,
+            "Config.pixel_change_size applies to the pixels over max_pixel_change; set "
+            f"max_pixel_change too (pixel_change_size={self.pixel_change_size})",
+        )
+        _check(
             self.refresh_every is None
             or (isinstance(self.refresh_every, int) and self.refresh_every >= 1),
             f"Config.refresh_every must be a positive int or None, got {self.refresh_every!r}",

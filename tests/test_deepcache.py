@@ -609,6 +609,7 @@ def test_bad_model_and_frame_shape():
         ({"pixel_change_size": 0}, "pixel_change_size"),
         ({"pixel_change_size": 2.0}, "pixel_change_size"),
         ({"pixel_change_size": True}, "pixel_change_size"),
+        ({"pixel_change_size": 2}, "pixel_change_size"),  # without max_pixel_change
     ],
 )
 def test_config_validation_names_the_field(kwargs, field):
