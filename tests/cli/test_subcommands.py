@@ -103,8 +103,7 @@ def test_demo_writes_report(tmp_path, capsys):
     records = json.loads((out_dir / "metrics.json").read_text())
     assert [r["method"] for r in records] == ["nocache", "deepcache+refine", "plain", "plain"]
     assert records[1]["variant"] == app.DEMO_METHOD
-    assert records[1]["config"]["max_pixel_change"] == 0.04
-    assert records[1]["config"]["pixel_change_size"] == 2
+    assert records[1]["config"]["max_pixel_change"] == 0.1
 
 
 def test_nothing_sparse_note_only_when_every_layer_ran_in_full():
