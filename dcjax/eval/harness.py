@@ -49,7 +49,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dcjax import autotune, matching, models, video
+from dcjax import autotune, models, video
+from dcjax.config import Config
 from dcjax.eval import metrics
 from dcjax.eval.methods import state_bytes
 from dcjax.eval.registry import ModelSpec, Runner, make_runner, parse_method
@@ -507,21 +508,18 @@ def input_masks(
     Returns:
         bool (T, H, W).
     """
-    cfg = dict(config)
-    name = cfg.get("matcher", "static")
-    options = dict(cfg.get("matcher_options") or {})
+    options = dict(config.get("matcher_options") or {})
     if "grid" in options:
         options["grid"] = tuple(options["grid"])
-    matcher = matching.StreamMatcher(
-        name=name,
-        options=matching.matcher_options(name, options),
-        block_size=int(cfg.get("block_size", 10)),
-        psnr_threshold=float(cfg.get("psnr_threshold", 20.0)),
-        color=cfg.get("color", "luma"),
-        data_range=cfg.get("data_range"),
-        max_change=cfg.get("max_pixel_change"),
-        change_size=int(cfg.get("pixel_change_size", 1)),
-    )
+    # the matcher's fields of the Config, the matcher itself as the step makes it
+    fields = ("block_size", "psnr_threshold", "color", "data_range", "key", "max_pixel_change",
+              "pixel_change_size")  # fmt: skip
+    matcher = autotune.matcher_of(
+        Config(
+            matcher=config.get("matcher", "static"), matcher_options=options,
+            **{f: config[f] for f in fields if f in config},
+        )
+    )  # fmt: skip
     one = jax.jit(lambda prev, cur: matcher.match_frames(prev, cur).mask)
 
     masks = [np.zeros(frames.shape[1:3], bool)]

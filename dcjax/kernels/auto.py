@@ -58,6 +58,7 @@ __all__ = [
     "intensity",
     "large_map",
     "layer_class",
+    "pallas_gpu_computes",
     "row_chunk",
     "rows_pays",
 ]
@@ -110,7 +111,7 @@ def choose(
     """
     if backend == "cpu" and dense_flops(p) < SMALL_LAYER_FLOPS and not large_map(p):
         return "dense", None
-    if backend == "gpu" and (dense_flops(p) < GPU_SMALL_LAYER_FLOPS or not _pallas_gpu_computes(p)):
+    if backend == "gpu" and (dense_flops(p) < GPU_SMALL_LAYER_FLOPS or not pallas_gpu_computes(p)):
         return "dense", None
     if (
         backend == "cpu"
@@ -124,7 +125,7 @@ def choose(
     return TABLE.get((backend, layer_class(p)), ("xla", None))
 
 
-def _pallas_gpu_computes(p: TilePlan) -> bool:
+def pallas_gpu_computes(p: TilePlan) -> bool:
     """Whether the Pallas GPU kernel computes the layer (imported here only: it
     loads Triton's Pallas backend)."""
     from dcjax.kernels import pallas_gpu

@@ -167,9 +167,7 @@ def candidates(p: TilePlan, backend: str, scattered: bool = False) -> tuple[Kern
     """The kernels that can compute the layer ``p`` on ``backend`` (see the module docstring)."""
     out = [KernelChoice(impl="dense")]
     if backend == "gpu":
-        from dcjax.kernels import pallas_gpu
-
-        if pallas_gpu.supports((p.kh, p.kw, p.cin // p.groups, p.cout), p.groups):
+        if _auto.pallas_gpu_computes(p):
             out.append(KernelChoice(impl="pallas_gpu"))
         return tuple(out)
     out.append(KernelChoice(impl="xla"))
