@@ -197,14 +197,37 @@ def matcher_options(matcher: str, options: Mapping[str, Any] | Options | None = 
 def opened(flags: jax.Array, size: int) -> jax.Array:
     """The morphological opening of the bool map ``flags`` (H, W) by a
     ``size`` x ``size`` square: the flags that lie in some square of ``size``
-    all of whose pixels are flagged."""
-    if size > min(flags.shape):  # no square fits
+    all of whose pixels are flagged.
+
+    An erosion then a dilation, each separable into ``size - 1`` shifted
+    ANDs (ORs) along rows and then along columns: elementwise work that XLA
+    fuses, where a windowed reduction is a slower loop on CPU
+    (docs/performance-notes.md, "Isolated pixels over the cap")."""
+    flags = jnp.asarray(flags, bool)
+    h, w = flags.shape
+    if size <= 1:
+        return flags
+    if size > min(h, w):  # no square fits
         return jnp.zeros(flags.shape, bool)
-    x = jnp.asarray(flags, jnp.float32)
-    window, strides = (size, size), (1, 1)
-    eroded = lax.reduce_window(x, 1.0, lax.min, window, strides, "VALID")
-    pad = ((size - 1, size - 1), (size - 1, size - 1))
-    return lax.reduce_window(eroded, 0.0, lax.max, window, strides, pad) > 0
+    k = size - 1
+
+    def along(x: jax.Array, axis: int, op, forward: bool) -> jax.Array:
+        # op over x[i], x[i + 1], ..., x[i + k] (forward) or x[i - k], ..., x[i],
+        # reading False beyond the map
+        n = x.shape[axis]
+        pad = [(0, 0), (0, 0)]
+        pad[axis] = (0, k) if forward else (k, 0)
+        padded = jnp.pad(x, pad)
+        out = x
+        for d in range(1, size):
+            start = d if forward else k - d
+            out = op(out, lax.slice_in_dim(padded, start, start + n, axis=axis))
+        return out
+
+    # erosion anchored at the square's top-left pixel: no square that leaves
+    # the map; then the dilation spreads each full square over its pixels
+    eroded = along(along(flags, 1, jnp.logical_and, True), 0, jnp.logical_and, True)
+    return along(along(eroded, 1, jnp.logical_or, False), 0, jnp.logical_or, False)
 
 
 def _search_kwargs(options: SearchOptions) -> dict[str, Any]:
