@@ -508,15 +508,13 @@ def input_masks(
     Returns:
         bool (T, H, W).
     """
-    options = dict(config.get("matcher_options") or {})
-    if "grid" in options:
-        options["grid"] = tuple(options["grid"])
     # the matcher's fields of the Config, the matcher itself as the step makes it
     fields = ("block_size", "psnr_threshold", "color", "data_range", "key", "max_pixel_change",
               "pixel_change_size")  # fmt: skip
     matcher = autotune.matcher_of(
         Config(
-            matcher=config.get("matcher", "static"), matcher_options=options,
+            matcher=config.get("matcher", "static"),
+            matcher_options=config.get("matcher_options"),  # a record's JSON lists are taken
             **{f: config[f] for f in fields if f in config},
         )
     )  # fmt: skip

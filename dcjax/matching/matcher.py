@@ -314,9 +314,7 @@ class StreamMatcher:
             return m
         dy, dx = m.motion[0], m.motion[1]
         change = jnp.abs(cur_planes - shifted(prev_planes, dy, dx, (1, 2))).max(0)
-        over = change > self.max_change * peak
-        if self.change_size > 1:
-            over = opened(over, self.change_size)
+        over = opened(change > self.max_change * peak, self.change_size)
         return dataclasses.replace(m, mask=m.mask & ~over)
 
     def _match_frames(self, prev: jax.Array, cur: jax.Array, init_motion: Any) -> Match:
