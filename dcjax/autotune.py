@@ -51,12 +51,14 @@ from dcjax.transforms import queries
 from dcjax.transforms.records import Analysis
 
 __all__ = [
+    "CUTS",
     "MATCH_PAIRS",
     "PLANS",
     "PREFERENCE",
     "Calibration",
     "Lowerings",
     "Tuning",
+    "cut_tuning",
     "dense_config",
     "matcher_of",
     "may_fall_back",
@@ -72,16 +74,24 @@ __all__ = [
 
 #: What the tuning may decide: reuse with the measured kernels, the dense step
 #: with the still-frame skip (`dense_config`), or, after a race on calibration
-#: frames, the dense step with no matcher at all (`nocache_config`) or reuse
-#: with the fixed rules' kernels (``tuning="prior"``).
-PLANS = ("cached", "dense", "nocache", "prior")
+#: frames, the dense step with no matcher at all (`nocache_config`), reuse
+#: with the fixed rules' kernels (``tuning="prior"``), or reuse with the
+#: measured kernels but in the layers the stream dirties most, computed in
+#: full (`cut_tuning`).
+PLANS = ("cached", "dense", "nocache", "prior", "cut")
 
 #: Which plan a race keeps on a tie (`race_winner`), most preferred first: the
 #: dense step with the still-frame skip, then without it (both give the model's
-#: own outputs; the skip pays where frames are still), then the fixed rules'
+#: own outputs; the skip pays where frames are still), then the cut plan (its
+#: layers computed in full reuse nothing, so err less), then the fixed rules'
 #: kernels, then the measured ones (a tie keeps the fixed rules, as in the
 #: lowerings' race).
-PREFERENCE = ("dense", "nocache", "prior", "cached")
+PREFERENCE = ("dense", "nocache", "cut", "prior", "cached")
+
+#: The dirty fractions from which a cut plan computes a layer in full
+#: (`cut_tuning`): the fractions the kernels are timed at (`FRACTIONS`) from a
+#: quarter up, short of all.
+CUTS: tuple[float, ...] = tuple(f for f in kt.FRACTIONS if 0.25 <= f < 1.0)
 
 #: Consecutive pairs of calibration frames the matchers are timed on (`tune_model`).
 MATCH_PAIRS = 8
@@ -109,6 +119,8 @@ class Tuning:
         lowerings: the dense lowerings' measurements and choices
             (`measure_lowerings`), where the plan reuses nothing (the
             transform measures them after the plan is made); else None.
+        cut: for a cut plan (`cut_tuning`), the dirty fraction from which
+            its layers are computed in full; else None.
     """
 
     plan: str
@@ -119,6 +131,7 @@ class Tuning:
     seconds: float
     raced: tuple[float, ...] | None = None
     lowerings: Lowerings | None = None
+    cut: float | None = None
 
     @property
     def choices(self) -> tuple[kt.KernelChoice | None, ...]:
@@ -130,8 +143,9 @@ class Tuning:
         names = [t.choice.impl for t in self.layers if t is not None]
         counts = ", ".join(f"{n} {names.count(n)}" for n in sorted(set(names)))
         measured = "measured kernels" if self.plan == "prior" else "kernels"
+        cut = "" if self.cut is None else f" (layers dirty {self.cut:.0%} or more in full)"
         return (
-            f"plan {self.plan}: {measured} {counts or 'none'}; "
+            f"plan {self.plan}{cut}: {measured} {counts or 'none'}; "
             + ("" if self.lowerings is None else self.lowerings.summary() + "; ")
             + "expected saving "
             f"{self.saving * 1e3:.2f} ms a frame against {self.overhead * 1e3:.2f} ms of "
@@ -144,6 +158,29 @@ class Tuning:
                 + " a frame"
             )
         )
+
+
+def cut_tuning(tuning: Tuning, cut: float) -> Tuning | None:
+    """``tuning``'s cached plan with every tuned layer whose dirty fraction is at
+    least ``cut`` computed in full (the ``"cut"`` plan), or None where that
+    changes no layer's kernel (or the fractions are unknown) or leaves none
+    reused (the dense plan's matter, `dense_config`).
+
+    The layers' measurements leave out what the step adds around a reused
+    layer (its mask, its refinement test, the merge with its cache); where the
+    stream dirties most of a layer, that can outweigh the little it saves, and
+    only a race of whole steps tells (`dcjax.deepcache.transform`)."""
+    dense = kt.KernelChoice(impl="dense")
+    layers, changed = [], False
+    for t in tuning.layers:
+        if t is not None and t.fraction is not None and t.fraction >= cut:
+            changed = changed or t.choice != dense
+            t = dataclasses.replace(t, choice=dense)
+        layers.append(t)
+    if not changed or all(t is None or t.choice == dense for t in layers):
+        return None
+    saving = float(sum(t.dense_cost - t.cost for t in layers if t is not None))
+    return dataclasses.replace(tuning, plan="cut", layers=tuple(layers), saving=saving, cut=cut)
 
 
 def dense_config(config: Config) -> Config:

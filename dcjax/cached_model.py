@@ -198,11 +198,37 @@ class CachedModel:
         """
         if self.config.semantic is not None:
             raise ValueError("dcjax: semantic exits always report the statistics")
+        return self._twin(dataclasses.replace(self.config, statistics=bool(statistics)))
+
+    def with_tuning(self, tuning: autotune.Tuning) -> CachedModel:
+        """This model with the kernels of ``tuning`` (a `dcjax.autotune.Tuning`
+        of this model's layers, such as `dcjax.autotune.cut_tuning` makes), on
+        the same analysis and config: a model of its own, its step compiled
+        anew.
+
+        Raises:
+            ValueError: ``tuning`` is not a cached plan of this model's layers.
+        """
+        if self.tuning is None or tuning.plan not in ("cached", "cut"):
+            raise ValueError("dcjax: with_tuning takes a cached plan of a tuned model")
+        if len(tuning.layers) != len(self.layers):
+            raise ValueError(
+                f"dcjax: with_tuning got a tuning of {len(tuning.layers)} layers for "
+                f"{len(self.layers)}"
+            )
+        twin = self._twin(self.config, tuning.choices)
+        twin.tuning = tuning
+        return twin
+
+    def _twin(self, config: Config, kernels: Sequence[Any] | None = None) -> CachedModel:
+        """A copy of this model with ``config`` and ``kernels`` (default: this
+        model's), its plan made and its step built anew."""
         twin = copy.copy(self)
-        twin.config = dataclasses.replace(self.config, statistics=bool(statistics))
-        twin.plan = make_plan(self._analysis, twin.config, jax.default_backend(), self._kernels)
+        twin.config = config
+        twin._kernels = self._kernels if kernels is None else tuple(kernels)
+        twin.plan = make_plan(self._analysis, config, jax.default_backend(), twin._kernels)
         twin._streams_fns = {}
-        twin._build(twin.config)
+        twin._build(config)
         return twin
 
     @property

@@ -95,7 +95,10 @@ def transform(
             dense plan (`dcjax.autotune.dense_config`), the dense step
             without a matcher (`dcjax.autotune.nocache_config`) and, where
             the tuned kernels differ from the fixed rules', the fixed rules'
-            plan (``tuning="prior"``) race over the frames, and the fastest
+            plan (``tuning="prior"``), and the tuned plan with the layers
+            these frames dirty most computed in full (the cut plans,
+            `dcjax.autotune.cut_tuning`, one per `dcjax.autotune.CUTS`
+            that changes a kernel) race over the frames, and the fastest
             is returned (``tuning.plan``, ``tuning.raced``) where it is
             faster beyond the race's noise; on a tie the plan first in
             `dcjax.autotune.PREFERENCE` (`dcjax.autotune.race_winner`). None: kernels
@@ -143,8 +146,11 @@ def transform(
     # plan races the step without a matcher (on a small network the still-frame
     # test may cost more than the still frames save); a cached plan races the
     # fixed rules' kernels too, where they differ (layers timed alone mispredict
-    # a network whose branches XLA runs side by side).
-    plans = [p for p in autotune.PLANS[autotune.PLANS.index(tuning.plan) :] if p != "prior"]
+    # a network whose branches XLA runs side by side), and its cuts: the layers
+    # the stream dirties most computed in full.
+    plans = [
+        p for p in autotune.PLANS[autotune.PLANS.index(tuning.plan) :] if p not in ("prior", "cut")
+    ]
     makes = {
         "dense": autotune.dense_config,
         "nocache": autotune.nocache_config,
@@ -161,14 +167,26 @@ def transform(
     if tuning.plan == "cached" and _unlike_prior(cached):
         plans.append("prior")
         models.append(made("prior"))
+    tunings = {i: tuning for i in range(len(models))}
+    if tuning.plan == "cached":
+        seen = {tuning.choices}
+        for cut in autotune.CUTS:
+            t = autotune.cut_tuning(tuning, cut)
+            if t is not None and t.choices not in seen:
+                seen.add(t.choices)
+                tunings[len(models)] = t
+                plans.append("cut")
+                models.append(cached.with_tuning(t))
     samples = autotune.race_samples(models, calibration)
     times = autotune.race_figures(samples)
     preference = sorted(range(len(plans)), key=lambda i: autotune.PREFERENCE.index(plans[i]))
     best = autotune.race_winner(samples, preference)
     winner = models[best]
-    by_plan = dict(zip(plans, times, strict=True))
+    by_plan: dict[str, float] = {}
+    for plan, t in zip(plans, times, strict=True):  # the fastest of the cuts
+        by_plan[plan] = min(t, by_plan.get(plan, float("inf")))
     raced = tuple(float(by_plan.get(p, float("nan"))) for p in autotune.PLANS)
-    winner.tuning = dataclasses.replace(tuning, plan=plans[best], raced=raced)
+    winner.tuning = dataclasses.replace(tunings[best], plan=plans[best], raced=raced)
     winner.calibration = calibration
     return winner
 

@@ -344,9 +344,9 @@ def test_with_calibration_frames_the_faster_plan_of_a_race_is_kept(
     costs.update(dense=lambda f: 1e-3, xla=lambda f: 1e-4, rows=lambda f: 2e-3)
     raced = []
 
-    def race(models, frames):
+    def race(models, frames):  # the cut plans after the others, slowest
         raced.append([(m.config.matcher, any(m.keeps_cache), m.tuning is None) for m in models])
-        return race_samples_of(times)
+        return race_samples_of(times + (5e-3,) * (len(models) - len(times)))
 
     monkeypatch.setattr(autotune, "race_samples", race)
     net, variables = model
@@ -355,11 +355,14 @@ def test_with_calibration_frames_the_faster_plan_of_a_race_is_kept(
         net, variables, frame_shape=SHAPE, config=cfg, calibration=_frames(), progress=False
     )
     # the measurements compute the tiny layers with tiles, the fixed rules in full
+    cuts = len(raced[0]) - 4
     assert raced == [
         [("diamond", True, False), ("static", False, True), ("none", False, True)]
         + [("diamond", False, True)]  # the fixed rules: every tiny layer in full
+        + [("diamond", True, False)] * cuts  # the measured kernels, the dirtiest layers in full
     ]
-    assert cached.tuning.plan == plan and cached.tuning.raced == times
+    assert cached.tuning.plan == plan and cached.tuning.raced[:4] == times
+    assert cached.tuning.raced[4] == 5e-3 if cuts else np.isnan(cached.tuning.raced[4])
     assert any(cached.keeps_cache) == (plan == "cached")
     matchers = {"cached": "diamond", "dense": "static", "nocache": "none", "prior": "diamond"}
     assert cached.config.matcher == matchers[plan]
@@ -368,7 +371,8 @@ def test_with_calibration_frames_the_faster_plan_of_a_race_is_kept(
         assert cached.config.tuning == ("prior" if plan == "prior" else "measure")
     if plan == "prior":  # the fixed rules' kernels: none measured
         assert all(lp.kernel is None for lp in cached.plan.layers)
-        assert methods.tuning_dict(cached) == {"plan": "prior"}
+        ms = dict(zip(autotune.PLANS, (1e3 * t for t in times), strict=False))
+        assert methods.tuning_dict(cached) == {"plan": "prior", "raced_ms": ms}
         assert "measured kernels" in cached.tuning.summary()
     assert "raced on the calibration frames" in cached.tuning.summary()
     _check_outputs(cached, net, variables, _frames())
@@ -383,13 +387,15 @@ def test_the_fixed_rules_race_only_where_their_kernels_differ(model, fake, monke
     counts = []
     monkeypatch.setattr(
         autotune, "race_samples",
-        lambda models, frames: counts.append(len(models)) or race_samples_of((1e-3, 2e-3, 3e-3)),
+        lambda models, frames: counts.append([m.tuning and m.tuning.plan for m in models])
+        or race_samples_of((1e-3, 2e-3, 3e-3) + (4e-3,) * (len(models) - 3)),
     )  # fmt: skip
     net, variables = model
     cached = dcjax.transform(net, variables, frame_shape=SHAPE, calibration=_frames(),
                              config=dcjax.Config(tuning="measure"), progress=False)  # fmt: skip
     # the measurements chose what the fixed rules give: nothing to race them for
-    assert cached.tuning.plan == "cached" and counts == [3]
+    assert cached.tuning.plan == "cached" and len(counts) == 1
+    assert counts[0][:3] == ["cached", None, None] and set(counts[0][3:]) <= {"cut"}
     assert np.isnan(cached.tuning.raced[3])
 
 
@@ -689,3 +695,100 @@ def test_with_statistics_keeps_the_plan_and_leaves_the_model_as_it_was(model):
     )  # fmt: skip
     with pytest.raises(ValueError, match="semantic exits always report"):
         semantic.with_statistics(False)
+
+
+def _tuning(fractions, impls):
+    """A cached `autotune.Tuning` whose layers have ``fractions`` and chose
+    ``impls`` (None: a layer not tuned); dense costs 2 ms, the others 1 ms."""
+    layers = []
+    for f, impl in zip(fractions, impls, strict=True):
+        if impl is None:
+            layers.append(None)
+            continue
+        cost = 2e-3 if impl == "dense" else 1e-3
+        layers.append(kt.LayerTuning(
+            costs={"dense": (2e-3,) * 5, impl: (cost,) * 5},
+            expected={"dense": 2e-3, impl: cost},
+            choice=kt.KernelChoice(impl=impl), fraction=f,
+        ))  # fmt: skip
+    return autotune.Tuning(
+        plan="cached", layers=tuple(layers), saving=1.0, overhead=0.0, measured=0, seconds=0.0
+    )
+
+
+def test_a_cut_computes_in_full_the_layers_dirty_from_its_fraction():
+    t = _tuning([0.1, 0.3, 0.6, 0.9, 0.7], ["xla", "rows", "xla", "dense", None])
+    half = autotune.cut_tuning(t, 0.5)
+    assert [c and c.impl for c in half.choices] == ["xla", "rows", "dense", "dense", None]
+    assert half.plan == "cut" and half.cut == 0.5
+    assert half.saving == pytest.approx(2e-3)  # two layers save 1 ms each now
+    assert "layers dirty 50% or more in full" in half.summary()
+    quarter = autotune.cut_tuning(t, 0.25)
+    assert [c and c.impl for c in quarter.choices] == ["xla", "dense", "dense", "dense", None]
+    assert quarter.layers[1].costs == t.layers[1].costs  # the measurements kept
+    # nothing to cut: the dirtiest layers are in full already, or no fractions
+    # known; or nothing left to reuse
+    assert autotune.cut_tuning(t, 0.8) is None
+    assert autotune.cut_tuning(t, 0.05) is None
+    assert autotune.cut_tuning(_tuning([None, None], ["xla", "rows"]), 0.25) is None
+    assert autotune.CUTS and all(0 < c < 1 for c in autotune.CUTS)
+    assert set(autotune.CUTS) <= set(kt.FRACTIONS)
+
+
+def test_a_cut_plan_that_wins_the_race_runs_its_kernels(model, fake, monkeypatch):
+    """The cut plans race beside the others; one that wins is kept with its own
+    kernels (the dirtiest layers in full), its outputs the model's."""
+    costs, _ = fake
+    costs.update(dense=lambda f: 1e-3, xla=lambda f: 1e-4, rows=lambda f: 2e-3)
+    monkeypatch.setattr(autotune, "CUTS", (0.3,))  # the frames dirty 1/4, 1/3, 1/3
+    seen = []
+
+    def race(models, frames):  # the cut plan fastest
+        seen.append([m.tuning and m.tuning.plan for m in models])
+        return race_samples_of((2e-3,) * (len(models) - 1) + (1e-3,))
+
+    monkeypatch.setattr(autotune, "race_samples", race)
+    net, variables = model
+    cfg = dcjax.Config(tuning="measure")
+    frames = _frames()
+    cached = dcjax.transform(
+        net, variables, frame_shape=SHAPE, config=cfg, calibration=frames, progress=False
+    )
+    assert seen[0][-1] == "cut" and seen[0].count("cut") == 1
+    t = cached.tuning
+    assert t.plan == "cut" and t.cut == 0.3 and t.raced[-1] == 1e-3
+    dirty = [lt.fraction >= 0.3 for lt in t.layers]
+    assert dirty == [False, True, True]
+    assert [c.impl for c in t.choices] == ["dense" if d else "xla" for d in dirty]
+    assert [lp.kernel.impl for lp in cached.plan.layers] == [c.impl for c in t.choices]
+    assert list(cached.keeps_cache) == [not d for d in dirty]
+    names = [c.impl for c in t.choices]
+    kernels = {n: names.count(n) for n in sorted(set(names))}
+    got = methods.tuning_dict(cached)
+    ms = got.pop("raced_ms")
+    assert len(ms) == len(seen[0]) and ms.pop("cut") == pytest.approx(1.0)
+    assert ms == pytest.approx(dict.fromkeys(ms, 2.0))
+    assert got == {"plan": "cut", "kernels": kernels, "cut": 0.3}
+    _check_outputs(cached, net, variables, frames)
+
+
+def test_with_tuning_takes_a_cached_plan_of_the_models_layers(model, fake):
+    costs, _ = fake
+    costs.update(dense=lambda f: 1e-3, xla=lambda f: 1e-4, rows=lambda f: 2e-3)
+    net, variables = model
+    cached = dcjax.transform(
+        net, variables, frame_shape=SHAPE, config=dcjax.Config(tuning="measure"), progress=False
+    )
+    t = cached.tuning
+    with pytest.raises(ValueError, match="tuning of 2 layers for 3"):
+        cached.with_tuning(dataclasses.replace(t, layers=t.layers[:2]))
+    with pytest.raises(ValueError, match="cached plan"):
+        cached.with_tuning(dataclasses.replace(t, plan="dense"))
+    full = dataclasses.replace(
+        t, layers=tuple(dataclasses.replace(lt, choice=kt.KernelChoice(impl="dense"))
+                        for lt in t.layers),
+    )  # fmt: skip
+    twin = cached.with_tuning(full)
+    assert not any(twin.keeps_cache) and all(cached.keeps_cache)  # the original untouched
+    assert twin.tuning is full and cached.tuning is t
+    _check_outputs(twin, net, variables, _frames())

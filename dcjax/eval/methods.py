@@ -248,12 +248,22 @@ def transform(spec: ModelSpec, config: Config) -> deepcache.CachedModel:
 def tuning_dict(cached: deepcache.CachedModel) -> dict[str, Any]:
     """What the measured tuning decided (`dcjax.autotune.Tuning`), for the
     metrics: ``plan`` (one of `dcjax.autotune.PLANS`, "prior" also where it
-    did not run) and the number of layers given each kernel."""
+    did not run), the number of layers given each kernel, for a cut plan
+    ``cut`` (the dirty fraction from which it computes layers in full), and
+    where the plans raced, ``raced_ms``: each raced plan's milliseconds a
+    frame."""
     tuning = cached.tuning
-    if tuning is None or tuning.plan == "prior":  # the fixed rules' kernels run
+    if tuning is None:
         return {"plan": "prior"}
-    names = [c.impl for c in tuning.choices if c is not None]
-    return {"plan": tuning.plan, "kernels": {n: names.count(n) for n in sorted(set(names))}}
+    out: dict[str, Any] = {"plan": tuning.plan}
+    if tuning.plan != "prior":  # the fixed rules' kernels run: none measured
+        names = [c.impl for c in tuning.choices if c is not None]
+        out["kernels"] = {n: names.count(n) for n in sorted(set(names))}
+    if tuning.cut is not None:
+        out["cut"] = tuning.cut
+    if tuning.raced is not None:
+        out["raced_ms"] = {p: t * 1e3 for p, t in zip(autotune.PLANS, tuning.raced) if t == t}
+    return out
 
 
 def with_timed_twin(
