@@ -25,7 +25,9 @@ Contract:
   to 1), with one frame in ``refresh_every`` fully dirty.
 - `tune(plans, backend, ...)` measures (or reads) every candidate of every
   layer and returns a `LayerTuning` per layer: its candidates' costs and the
-  choice of least expected cost. The candidates, the dense one included,
+  choice of least expected cost. The dense candidate reads no mask, so its
+  timings at the fractions are samples of one cost: it costs the least of
+  them at every fraction. The candidates, the dense one included,
   are compiled with the fixed lowering rules (`dcjax.kernels.lowering.prior`):
   a step that reuses is traced with them, whatever the model's measured
   dense lowerings (`dcjax.lowerings`, which only the dense step takes).
@@ -445,6 +447,8 @@ def tune(
     out = []
     for (key, cands), fraction in zip(per_layer, fractions, strict=True):
         costs = {c.name: cache.get(machine, key, c.name) for c in cands}
+        if "dense" in costs:  # one cost timed at every fraction: the least of them
+            costs["dense"] = (min(costs["dense"]),) * len(costs["dense"])
         expected = {name: expected_cost(v, fraction, refresh_every) for name, v in costs.items()}
         best = min(cands, key=lambda c: expected[c.name])
         out.append(

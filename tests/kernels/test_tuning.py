@@ -142,6 +142,21 @@ def test_tune_chooses_the_least_expected_cost_and_measures_once(monkeypatch, tmp
     assert uniform.expected["xla"] == pytest.approx(0.5 * 0.85 + 0.5 * 1.6)
 
 
+def test_the_dense_candidate_costs_the_least_of_its_timings(monkeypatch, tmp_path):
+    """The dense candidate reads no mask: a slow timing at one fraction (a burst
+    of load) does not make it dearer there, nor a sparse kernel look cheaper."""
+    noisy = {0.0: 1.0, 0.125: 2.1, 0.25: 1.9, 0.5: 2.2, 1.0: 2.0}
+    _fake_timings(monkeypatch, {"dense": noisy.get, "xla": lambda f: 0.2 + 2.4 * f,
+                                "rows": lambda f: 5.0})  # fmt: skip
+    cache = kt.TuningCache(tmp_path / "t.json")
+    t = kt.tune([_layer()], "cpu", cache=cache, fractions=[0.5])[0]
+    assert t.costs["dense"] == (1.0,) * len(kt.FRACTIONS)
+    assert t.expected["dense"] == 1.0 and t.choice.impl == "dense"  # xla: 1.4 at a half
+    # the file keeps what was timed
+    key = kt.layer_key(_layer(), jnp.float32)
+    assert cache.get(kt.machine_key(), key, "dense") == (1.0, 2.1, 1.9, 2.2, 2.0)
+
+
 def test_every_compile_ends_before_any_timing_and_a_layers_candidates_share_inputs(
     monkeypatch, tmp_path
 ):
