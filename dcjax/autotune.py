@@ -82,11 +82,11 @@ PLANS = ("cached", "dense", "nocache", "prior", "cut")
 
 #: Which plan a race keeps on a tie (`race_winner`), most preferred first: the
 #: dense step with the still-frame skip, then without it (both give the model's
-#: own outputs; the skip pays where frames are still), then the cut plan (its
-#: layers computed in full reuse nothing, so err less), then the fixed rules'
+#: own outputs; the skip pays where frames are still), then the fixed rules'
 #: kernels, then the measured ones (a tie keeps the fixed rules, as in the
-#: lowerings' race).
-PREFERENCE = ("dense", "nocache", "cut", "prior", "cached")
+#: lowerings' race), then a cut of them, kept only where it is faster than
+#: every other plan beyond noise.
+PREFERENCE = ("dense", "nocache", "prior", "cached", "cut")
 
 #: The dirty fractions from which a cut plan computes a layer in full
 #: (`cut_tuning`): the fractions the kernels are timed at (`FRACTIONS`) from a

@@ -772,6 +772,27 @@ def test_a_cut_plan_that_wins_the_race_runs_its_kernels(model, fake, monkeypatch
     _check_outputs(cached, net, variables, frames)
 
 
+def test_a_cut_that_ties_with_the_tuned_plan_is_not_kept(model, fake, monkeypatch):
+    costs, _ = fake
+    costs.update(dense=lambda f: 1e-3, xla=lambda f: 1e-4, rows=lambda f: 2e-3)
+    monkeypatch.setattr(autotune, "CUTS", (0.3,))
+    swing = 1e-4 * np.where(np.arange(4) % 2, 1.0, -1.0)  # frame to frame, in turns
+
+    def race(models, frames):  # the cut least by a hair, within the noise
+        samples = race_samples_of((2e-3,) * len(models))
+        samples[..., 0] = 1e-3 + swing
+        samples[..., -1] = 1e-3 - swing - 1e-6
+        return samples
+
+    monkeypatch.setattr(autotune, "race_samples", race)
+    net, variables = model
+    cached = dcjax.transform(net, variables, frame_shape=SHAPE, calibration=_frames(),
+                             config=dcjax.Config(tuning="measure"), progress=False)  # fmt: skip
+    assert autotune.PREFERENCE[-1] == "cut"
+    assert cached.tuning.plan == "cached" and cached.tuning.cut is None
+    assert all(cached.keeps_cache)
+
+
 def test_with_tuning_takes_a_cached_plan_of_the_models_layers(model, fake):
     costs, _ = fake
     costs.update(dense=lambda f: 1e-3, xla=lambda f: 1e-4, rows=lambda f: 2e-3)
