@@ -253,10 +253,13 @@ def run_bench(
             base = bases[size]
             spec = base if fps == base.fps else dataclasses.replace(base, fps=fps)
             # Runners whose config records the frame rate (DeepMon's expiry) depend on
-            # it; those with a measured plan, on the clip they calibrated on.
+            # it; those with a measured plan, on the clip they calibrated on, and so
+            # do those whose plans raced there (the fixed rules' plan may win one
+            # clip's race and not another's).
             cache = {k: r for k, r in caches.get(size, {}).items()
                      if r.config.get("fps", fps) == fps
-                     and r.config.get("plan", "prior") == "prior"}  # fmt: skip
+                     and r.config.get("plan", "prior") == "prior"
+                     and "raced_ms" not in r.config}  # fmt: skip
             caches[size] = cache  # shared across the videos of this size
             clip = harness.load_frames(paths[v], None if native else spec.frame_shape,
                                        frames=frames, start=start,

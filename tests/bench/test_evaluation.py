@@ -40,3 +40,35 @@ def test_add_profiles_records_a_method_it_cannot_profile(spec, clip):
     assert all("ms" not in lay for lay in records[0]["per_layer"])
     with pytest.raises(ValueError, match="at least 2 frames"):
         evaluation.add_profiles(records, ev.runners, clip[:1])
+
+
+def test_a_plan_raced_on_one_clip_is_raced_again_on_the_next(monkeypatch, tmp_path):
+    """A runner of the fixed rules' kernels serves every clip of its size, but
+    one whose plans raced on a clip's first frames (and kept the fixed rules'
+    plan there) is made afresh for the next clip: its race may go otherwise."""
+    from dcjax import autotune
+    from tests.tuning_fakes import fake_measurements, race_samples_of
+
+    costs = {"dense": lambda f: 1e-3, "xla": lambda f: 1e-4 + 5e-4 * f, "rows": lambda f: 2e-3}
+    fake_measurements(monkeypatch, tmp_path / "tuning.json", costs)
+    raced = []
+
+    def race(models, frames, *a, **k):  # the fixed rules' plan (fourth) fastest
+        raced.append(len(models))
+        return race_samples_of(((2.0, 3.0, 3.0, 1.0) + (4.0,) * len(models))[: len(models)])
+
+    monkeypatch.setattr(autotune, "race_samples", race)
+    made = []
+    make_runner = harness.make_runner
+    monkeypatch.setattr(harness, "make_runner", lambda spec, name, opts: made.append(
+        (name, dict(opts))) or make_runner(spec, name, opts))  # fmt: skip
+    methods = ["deepcache:tuning=prior", "deepcache:tuning=measure"]
+    records, _ = evaluation.run_bench(
+        ["alexnet"], ["vtest", "box"], methods, frames=4, width=0.125, progress=False
+    )
+    measured = [r for r in records if r["variant"] == methods[1]]
+    assert len(raced) == 2 and all(n >= 4 for n in raced)  # one race a clip, prior in it
+    assert [r["config"]["plan"] for r in measured] == ["prior", "prior"]
+    assert all("raced_ms" in r["config"] for r in measured)
+    assert made.count(("deepcache", {"tuning": "measure"})) == 2
+    assert made.count(("deepcache", {"tuning": "prior"})) == 1
