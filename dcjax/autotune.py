@@ -171,16 +171,22 @@ def cut_tuning(tuning: Tuning, cut: float) -> Tuning | None:
     stream dirties most of a layer, that can outweigh the little it saves, and
     only a race of whole steps tells (`dcjax.deepcache.transform`)."""
     dense = kt.KernelChoice(impl="dense")
-    layers, changed = [], False
-    for t in tuning.layers:
-        if t is not None and t.fraction is not None and t.fraction >= cut:
-            changed = changed or t.choice != dense
-            t = dataclasses.replace(t, choice=dense)
-        layers.append(t)
-    if not changed or all(t is None or t.choice == dense for t in layers):
+    layers = tuple(
+        dataclasses.replace(t, choice=dense)
+        if t is not None and t.fraction is not None and t.fraction >= cut
+        else t
+        for t in tuning.layers
+    )
+    out = dataclasses.replace(tuning, plan="cut", layers=layers, saving=_saving(layers), cut=cut)
+    if out.choices == tuning.choices or all(c in (None, dense) for c in out.choices):
         return None
-    saving = float(sum(t.dense_cost - t.cost for t in layers if t is not None))
-    return dataclasses.replace(tuning, plan="cut", layers=tuple(layers), saving=saving, cut=cut)
+    return out
+
+
+def _saving(layers: Sequence[kt.LayerTuning | None]) -> float:
+    """Expected seconds a frame the chosen kernels save against computing every
+    tuned layer of ``layers`` in full."""
+    return float(sum(t.dense_cost - t.cost for t in layers if t is not None))
 
 
 def dense_config(config: Config) -> Config:
@@ -366,7 +372,7 @@ def tune_model(
     layers: list[kt.LayerTuning | None] = [None] * len(plans)
     for i, r in zip(tuned, results, strict=True):
         layers[i] = r
-    saving = float(sum(r.dense_cost - r.cost for r in results))
+    saving = _saving(results)
     overhead = _overhead(config, frame_shape, frame_dtype, cache, repeats, frames)
     plan = "cached" if saving > overhead or not may_fall_back(config) else "dense"
     return Tuning(

@@ -167,14 +167,12 @@ def transform(
     if tuning.plan == "cached" and _unlike_prior(cached):
         plans.append("prior")
         models.append(made("prior"))
-    tunings = {i: tuning for i in range(len(models))}
+    tunings = [tuning] * len(models)  # what each model's tuning record becomes if it wins
     if tuning.plan == "cached":
-        seen = {tuning.choices}
         for cut in autotune.CUTS:
             t = autotune.cut_tuning(tuning, cut)
-            if t is not None and t.choices not in seen:
-                seen.add(t.choices)
-                tunings[len(models)] = t
+            if t is not None and t.choices not in {u.choices for u in tunings}:  # a new cut
+                tunings.append(t)
                 plans.append("cut")
                 models.append(cached.with_tuning(t))
     samples = autotune.race_samples(models, calibration)

@@ -346,7 +346,7 @@ def test_with_calibration_frames_the_faster_plan_of_a_race_is_kept(
 
     def race(models, frames):  # the cut plans after the others, slowest
         raced.append([(m.config.matcher, any(m.keeps_cache), m.tuning is None) for m in models])
-        return race_samples_of(times + (5e-3,) * (len(models) - len(times)))
+        return race_samples_of(times, models, rest=5e-3)
 
     monkeypatch.setattr(autotune, "race_samples", race)
     net, variables = model
@@ -388,7 +388,7 @@ def test_the_fixed_rules_race_only_where_their_kernels_differ(model, fake, monke
     monkeypatch.setattr(
         autotune, "race_samples",
         lambda models, frames: counts.append([m.tuning and m.tuning.plan for m in models])
-        or race_samples_of((1e-3, 2e-3, 3e-3) + (4e-3,) * (len(models) - 3)),
+        or race_samples_of((1e-3, 2e-3, 3e-3), models, rest=4e-3),
     )  # fmt: skip
     net, variables = model
     cached = dcjax.transform(net, variables, frame_shape=SHAPE, calibration=_frames(),

@@ -31,7 +31,12 @@ def fake_measurements(monkeypatch, path, costs, matcher=None):
     return matcher
 
 
-def race_samples_of(times):
+def race_samples_of(times, models=None, rest=None):
     """A race's per-frame times (`autotune.race_samples`): each model the same
-    on every frame of three rounds, so any difference is beyond noise."""
+    on every frame of three rounds, so any difference is beyond noise. With
+    ``models`` (the models raced), ``times`` cut or padded with ``rest`` to one
+    a model (the plans raced where they differ: the fixed rules', the cuts)."""
+    times = tuple(times)
+    if models is not None:
+        times = (times + (rest,) * len(models))[: len(models)]
     return np.broadcast_to(np.asarray(times, float), (3, 4, len(times))).copy()

@@ -55,7 +55,7 @@ def test_a_plan_raced_on_one_clip_is_raced_again_on_the_next(monkeypatch, tmp_pa
 
     def race(models, frames, *a, **k):  # the fixed rules' plan (fourth) fastest
         raced.append(len(models))
-        return race_samples_of(((2.0, 3.0, 3.0, 1.0) + (4.0,) * len(models))[: len(models)])
+        return race_samples_of((2.0, 3.0, 3.0, 1.0), models, rest=4.0)
 
     monkeypatch.setattr(autotune, "race_samples", race)
     made = []

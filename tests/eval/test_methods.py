@@ -255,9 +255,7 @@ def test_the_timed_twin_runs_the_plan_the_reporting_runner_raced_to(
     verdicts = iter([(1.0, 2.0, 3.0), (3.0, 2.0, 1.0)])
     monkeypatch.setattr(
         autotune, "race_samples",
-        lambda models, frames, *a, **k: race_samples_of(
-            (next(verdicts) + (4.0,) * len(models))[: len(models)]
-        ),
+        lambda models, frames, *a, **k: race_samples_of(next(verdicts), models, rest=4.0),
     )  # fmt: skip
     calibrated = dataclasses.replace(spec, calibration=np.asarray(clip))
     runner = make_runner(calibrated, "deepcache", {"tuning": "measure"})
