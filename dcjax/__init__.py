@@ -5,7 +5,8 @@ What users call:
 - `transform(model, variables, frame_shape=..., config=...)`: compile a Flax
   model or a function ``fn(variables, x)`` into a `CachedModel` whose jitted
   ``step(state, frame)`` recomputes only what changed since the last frame;
-- `Config`, `RefineConfig`, `SemanticConfig`: the settings (frozen, validated);
+- `Config`, `RefineConfig`, `SemanticConfig`, `GuardConfig`: the settings
+  (frozen, validated);
 - `Match`: a known match (motion and reuse mask) to pass to ``step``;
 - `CachedModel`, `CacheState`: the compiled model and its per-stream state;
 - `Streams` (``cached.streams(n, mesh=...)``): many streams stepped together,
@@ -35,6 +36,7 @@ from dcjax.state import CacheState  # noqa: E402
 from dcjax.streams import Streams  # noqa: E402
 from dcjax.switching import Adaptive, AdaptiveStreams, adaptive  # noqa: E402
 from dcjax.transforms.exits import exit_point  # noqa: E402
+from dcjax.transforms.guard import GuardConfig  # noqa: E402
 
 __all__ = [
     "Adaptive",
@@ -42,6 +44,7 @@ __all__ = [
     "CacheState",
     "CachedModel",
     "Config",
+    "GuardConfig",
     "Match",
     "RefineConfig",
     "SemanticConfig",

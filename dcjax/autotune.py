@@ -190,11 +190,12 @@ def _saving(layers: Sequence[kt.LayerTuning | None]) -> float:
 
 
 def dense_config(config: Config) -> Config:
-    """``config`` for the dense plan: every layer in full, no refinement or exact
-    updates, the same-position matcher for the still-frame skip."""
+    """``config`` for the dense plan: every layer in full, no refinement, exact
+    updates or guard, the same-position matcher for the still-frame skip."""
     return dataclasses.replace(
         config,
         kernel="dense",
+        guard=None,
         matcher="static",
         matcher_options=None,
         refine=None,

@@ -275,6 +275,7 @@ class CachedModel:
             out_avals=self._analysis.jaxpr.out_avals,
             semantic=None if self._semantic is None else self._semantic.memory,
             refresh_phase=int(refresh_phase),
+            guard_cells=self._step.guard_cells,
         )
 
     def streams(
@@ -348,6 +349,7 @@ class CachedModel:
             "nonfinite": jnp.bool_(False),
             "match_ratio": jnp.float32(0.0),
             "input_reuse": jnp.float32(0.0),
+            "guarded": jnp.float32(0.0),
             "reuse_fraction": jnp.zeros((len(self.layers),), jnp.float32),
             "dense_reuse": jnp.zeros((len(self.dense_layers),), jnp.float32),
             "flops_ratio": jnp.float32(1.0),

@@ -19,11 +19,12 @@ from typing import Any
 from dcjax.kernels import IMPLS
 from dcjax.kernels.tuning import TUNINGS
 from dcjax.matching.matcher import COLORS, KEYS, MATCHERS, matcher_options
+from dcjax.transforms.guard import GuardConfig
 from dcjax.transforms.motion import ALIGNMENTS
 from dcjax.transforms.refine import METRICS
 from dcjax.transforms.trace import COMPUTE_DTYPES
 
-__all__ = ["Config", "RefineConfig", "SemanticConfig"]
+__all__ = ["Config", "GuardConfig", "RefineConfig", "SemanticConfig"]
 
 
 def _check(cond: bool, message: str) -> None:
@@ -320,6 +321,11 @@ class Config:
             returned as float32. None (the default): the model's own types.
             The measured tuning times the kernels in this type; the dense
             lowerings are measured for float32 layers only.
+        guard: a `dcjax.transforms.guard.GuardConfig`: after each frame, the cells of
+            one of the model's score maps above its threshold, widened by its
+            margin, are recomputed on the next frame whatever the matcher and
+            the refinement say (for a detector, the places near its decision
+            threshold); None (the default): no guard.
     """
 
     block_size: int = 10
@@ -345,6 +351,7 @@ class Config:
     dense_updates: bool = True
     tuning: str | None = None
     compute_dtype: str | None = None
+    guard: GuardConfig | None = None
 
     def __post_init__(self) -> None:
         _check(
@@ -464,6 +471,10 @@ class Config:
                 self.refine is None and self.semantic is None,
                 "Config.fuse_blocks cannot be combined with refine or semantic yet",
             )
+        _check(
+            self.guard is None or isinstance(self.guard, GuardConfig),
+            f"Config.guard must be a GuardConfig or None, got {self.guard!r}",
+        )
         _check(
             self.refine is None or isinstance(self.refine, RefineConfig),
             f"Config.refine must be a RefineConfig or None, got {self.refine!r}",

@@ -74,6 +74,9 @@ class CacheState:
             the activation scale (0 until measured); None for a layer that is
             not. Empty when the plan keeps no such state
             (`Plan.keeps_dense_state`).
+        guard: with ``Config.guard``, the (h, w) cells of the guarded score
+            map over its threshold on the last frame, around which the next
+            frame recomputes (`dcjax.transforms.guard.cells`); else None.
     """
 
     prev_frame: jax.Array
@@ -88,6 +91,7 @@ class CacheState:
     ref_scale: Any = None
     output: tuple = ()
     dense: tuple = ()
+    guard: Any = None
 
 
 def init_state(
@@ -97,6 +101,7 @@ def init_state(
     out_avals: Sequence[Any],
     semantic: Any = None,
     refresh_phase: int = 0,
+    guard_cells: tuple[int, int] | None = None,
 ) -> CacheState:
     """A fresh state for ``plan``: the first step recomputes everything.
 
@@ -110,6 +115,8 @@ def init_state(
             recomputed in full as always, the next full recompute comes
             ``refresh_every - refresh_phase`` frames later instead of
             ``refresh_every``, and every ``refresh_every`` frames after that.
+        guard_cells: with ``Config.guard``, the ``(h, w)`` grid of the guarded
+            score map (nothing guarded at first); else None.
 
     Returns:
         A state of fresh buffers (a state is consumed, donated, by the step it
@@ -128,6 +135,7 @@ def init_state(
         ),
         layer_valid=jnp.zeros((n,), bool),
         semantic=semantic,
+        guard=None if guard_cells is None else jnp.zeros(tuple(guard_cells), bool),
     )
     if plan.keeps_dense_state:
         dense = tuple(

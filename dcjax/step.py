@@ -42,10 +42,12 @@ from dcjax.kernels import lowering as conv_lowering
 from dcjax.matching import Match, StreamMatcher
 from dcjax.plan import Plan
 from dcjax.state import CacheState
+from dcjax.transforms import guard as guard_lib
 from dcjax.transforms.interpreter import Policy, evaluate
 from dcjax.transforms.motion import FrameContext
 from dcjax.transforms.records import Analysis
 from dcjax.transforms.refiners import DenseUpdater, InputRefiner
+from dcjax.transforms.spatial import Spatial
 from dcjax.transforms.trace import TracedModel
 
 __all__ = [
@@ -143,6 +145,7 @@ class _CachePolicy(Policy):
             mask = lax.cond(valid, lambda m: m, jnp.zeros_like, mask)
         else:
             mask = mask & valid
+        mask = mask & self._ctx.unguarded(lp.layer.signature)
         old = state.caches[layer]
         if lp.deferred:  # the chain's expansion or depthwise layer: computed with its last
             return _Deferred(eqn, invals, epilogue), LayerResult(mask=mask, cache=old)
@@ -266,8 +269,21 @@ class Step:
         self._preprocess = preprocess
         self._flops = np.asarray([lp.layer.flops for lp in plan.layers], np.float32)
         self._dense_flops = np.asarray([d.layer.flops for d in plan.dense], np.float32)
+        #: input pixels per cell of the guarded score map (`dcjax.transforms.guard`), or None
+        self.guard_stride = None
+        if config.guard is not None:
+            self.guard_stride = guard_lib.map_stride(
+                config.guard, [a.shape for a in analysis.jaxpr.out_avals], frame_shape[:2]
+            )
         #: how many times the step has been traced
         self.traces = 0
+
+    @property
+    def guard_cells(self) -> tuple[int, int] | None:
+        """The ``(h, w)`` grid of the guarded score map, or None without a guard."""
+        if self.guard_stride is None:
+            return None
+        return self.frame_shape[0] // self.guard_stride, self.frame_shape[1] // self.guard_stride
 
     def prepare(self, frame: jax.Array) -> jax.Array:
         """The model input of one ``(H, W, C)`` frame (`frame_input`)."""
@@ -328,10 +344,12 @@ class Step:
             rows = jnp.arange(h)
             start, stop = band * h // cfg.refresh_bands, (band + 1) * h // cfg.refresh_bands
             r0 = r0 & ~((rows >= start) & (rows < stop))[:, None]
-
-        ctx = FrameContext(motion, cfg.alignment)
+        still = jnp.all(r0) & jnp.all(motion == 0)  # before the guard: it makes no frame run
+        ctx = FrameContext(motion, cfg.alignment, cfg.guard, state.guard, self.guard_stride or 1)
+        unguarded = ctx.unguarded(Spatial(axes=(0, 1), size=(h, w), stride=(1, 1)))
+        r0 = r0 & unguarded
         if plan.skips_still and skip_still:
-            p, skip = self._still_or_forward(leaves, state, x, r0, ctx, refresh, finite, motion)
+            p, skip = self._still_or_forward(leaves, state, x, r0, ctx, refresh, finite, still)
         else:
             p, skip = self.forward(leaves, state, x, r0, ctx, refresh, finite), jnp.bool_(False)
         output = jax.tree_util.tree_unflatten(self.traced.out_tree, list(p.outs))
@@ -356,7 +374,11 @@ class Step:
             ref_scale=p.ref_scale,
             output=tuple(p.outs) if plan.skips_still else (),
             dense=tuple(p.dense),
-        )
+            guard=(
+                None if cfg.guard is None
+                else guard_lib.cells(p.outs, cfg.guard)
+            ),
+        )  # fmt: skip
         info = {
             "motion": motion,
             "refreshed": refresh,
@@ -364,6 +386,7 @@ class Step:
             "nonfinite": ~finite,
             "match_ratio": jnp.asarray(ratio, jnp.float32),
             "input_reuse": r0.mean(dtype=jnp.float32),
+            "guarded": 1.0 - jnp.mean(jnp.asarray(unguarded, jnp.float32)),
             "reuse_fraction": p.reuse_fraction,
             "dense_reuse": p.dense_reuse,
             "flops_ratio": self._flops_ratio(p, skip),
@@ -387,14 +410,14 @@ class Step:
         ratio = jnp.where(skip, 0.0, computed / float(max(self.plan.total_flops, 1)))
         return jnp.asarray(ratio, jnp.float32)
 
-    def _still_or_forward(self, leaves, state, x, r0, ctx, refresh, finite, motion):
-        """`forward` inside a loop of one trip, or zero for a still frame.
+    def _still_or_forward(self, leaves, state, x, r0, ctx, refresh, finite, still):
+        """`forward` inside a loop of one trip, or zero for a ``still`` frame.
 
         A still scene: every layer's mask would be all reusable, so the
         network would return its last output and keep every cache. The loop
         carry keeps the caches' buffers, where a `lax.cond` would copy them.
         """
-        skip = jnp.all(r0) & jnp.all(motion == 0)
+        skip = still
 
         def body(i, carry: _StillCarry) -> _StillCarry:
             # The frame's values are pinned to the trip, so that nothing of the

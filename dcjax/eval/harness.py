@@ -177,6 +177,7 @@ def _onnx_spec(
         fps=fps,
         boxes=onnx_info.boxes,
         heatmap=onnx_info.heatmap,
+        guard=onnx_info.guard,
     )
 
 

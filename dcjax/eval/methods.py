@@ -44,6 +44,7 @@ from dcjax.eval.registry import (
 )
 from dcjax.kernels.tuning import resolve_tuning
 from dcjax.transforms.analysis import analyze
+from dcjax.transforms.guard import GuardConfig
 from dcjax.transforms.interpreter import dense_forward
 from dcjax.transforms.spatial import Spatial
 from dcjax.transforms.trace import trace_model
@@ -68,25 +69,58 @@ DEFAULT_KERNEL = "auto"
 
 
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(Config)}
+#: The method options that set `Config.guard` from `ModelSpec.guard`.
+_GUARD_OPTIONS = ("guard", "guard_margin")
 
 
-def deepcache_config(options: Mapping[str, Any], **defaults: Any) -> Config:
+def deepcache_config(
+    options: Mapping[str, Any], spec: ModelSpec | None = None, **defaults: Any
+) -> Config:
     """A `Config` from method options (unknown keys are an error naming them).
 
     ``kernel`` defaults to `DEFAULT_KERNEL`; ``defaults`` override `Config`'s
-    own defaults and are overridden by ``options``.
+    own defaults and are overridden by ``options``. Two options are not
+    `Config` fields: ``guard`` guards the model's score map
+    (`ModelSpec.guard`, a `dcjax.transforms.guard.GuardConfig`) with its own threshold
+    (``guard=True``) or another (``guard=0.1``), and ``guard_margin`` sets its
+    margin in input pixels; without ``spec`` they are checked, not resolved.
     """
     merged = {"kernel": DEFAULT_KERNEL, **defaults}
+    options = dict(options)
+    guarding = {k: options.pop(k) for k in _GUARD_OPTIONS if k in options}
     for key, value in options.items():
         if key not in _CONFIG_FIELDS:
             raise ValueError(
                 f"dcjax: unknown option {key!r}; Config fields are "
-                f"{', '.join(sorted(_CONFIG_FIELDS))}"
+                f"{', '.join(sorted(_CONFIG_FIELDS))}, and {', '.join(_GUARD_OPTIONS)}"
             )
         merged[key] = value
+    if guarding:
+        merged["guard"] = _guard(guarding, spec)
     if isinstance(merged.get("psnr_threshold"), int):
         merged["psnr_threshold"] = float(merged["psnr_threshold"])
     return Config(**merged)
+
+
+def _guard(options: Mapping[str, Any], spec: ModelSpec | None) -> GuardConfig | None:
+    """The `GuardConfig` the ``guard`` and ``guard_margin`` options give ``spec``."""
+    value = options.get("guard", True)
+    if value is False or value is None:
+        if len(options) > 1:
+            raise ValueError("dcjax: guard_margin needs guard (True or a threshold)")
+        return None
+    if not (value is True or isinstance(value, (int, float))):
+        raise ValueError(f"dcjax: guard must be True, False or a threshold, got {value!r}")
+    base = GuardConfig(threshold=0.0) if spec is None else spec.guard
+    if base is None:
+        raise ValueError(
+            f"dcjax: {spec.name} has no score map to guard (the guard option is for "
+            "detectors that name one: ModelSpec.guard)"
+        )
+    changes = {} if value is True else {"threshold": value}
+    if "guard_margin" in options:
+        changes["margin"] = options["guard_margin"]
+    return dataclasses.replace(base, **changes)
 
 
 def config_dict(config: Config) -> dict[str, Any]:
@@ -312,4 +346,4 @@ def cached_runner(method: str, spec: ModelSpec, cfg: Config) -> Runner:
     check=deepcache_config,
 )
 def _deepcache(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
-    return cached_runner("deepcache", spec, deepcache_config(options))
+    return cached_runner("deepcache", spec, deepcache_config(options, spec))

@@ -47,6 +47,8 @@ report rely on it). The definitions:
 - ``refreshes``: frames recomputed in full (the first frame included).
 - ``band_refreshes``: frames that recomputed one band of a banded periodic
   refresh (`dcjax.Config.refresh_bands`; 0 for the other methods).
+- ``guarded_fraction``: the mean fraction of the frame a guard recomputed
+  (`dcjax.Config.guard`; 0 without one).
 - ``cache_bytes``: bytes of the per-stream state after the last frame.
 - ``per_layer``: per reused convolution, ``name``, ``flops`` and the mean
   ``reuse_fraction`` of its output; for DeepCache's methods then per fully
@@ -114,6 +116,7 @@ RECORD_KEYS = (
     "match_ratio",
     "refreshes",
     "band_refreshes",
+    "guarded_fraction",
     "cache_bytes",
     "total_flops",
     "per_layer",
@@ -336,6 +339,9 @@ def make_record(
         "band_refreshes": int((np.asarray(infos["refresh_band"]) >= 0).sum())
         if "refresh_band" in infos
         else 0,
+        "guarded_fraction": float(np.mean(np.asarray(infos["guarded"], np.float64)))
+        if "guarded" in infos
+        else 0.0,
         "cache_bytes": int(cache_bytes),
         "total_flops": int(total_flops),
         "per_layer": per_layer,

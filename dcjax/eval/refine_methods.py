@@ -25,16 +25,16 @@ __all__: list[str] = []
 _REFINE_FIELDS = ("delta", "metric", "layers")
 
 
-def _config(options: Mapping[str, Any], **defaults) -> Config:
+def _config(options: Mapping[str, Any], spec: ModelSpec | None = None, **defaults) -> Config:
     refine = {k: options[k] for k in _REFINE_FIELDS if k in options}
     if isinstance(refine.get("layers"), list):
         refine["layers"] = tuple(refine["layers"])
     rest = {k: v for k, v in options.items() if k not in _REFINE_FIELDS}
-    return deepcache_config(rest, refine=RefineConfig(**refine), **defaults)
+    return deepcache_config(rest, spec, refine=RefineConfig(**refine), **defaults)
 
 
-def _delta_config(options: Mapping[str, Any]) -> Config:
-    return _config(options, matcher="none")
+def _delta_config(options: Mapping[str, Any], spec: ModelSpec | None = None) -> Config:
+    return _config(options, spec, matcher="none")
 
 
 @register_method(
@@ -43,7 +43,7 @@ def _delta_config(options: Mapping[str, Any]) -> Config:
     check=_config,
 )
 def _deepcache_refine(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
-    return cached_runner("deepcache+refine", spec, _config(options))
+    return cached_runner("deepcache+refine", spec, _config(options, spec))
 
 
 @register_method(
@@ -52,4 +52,4 @@ def _deepcache_refine(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
     check=_delta_config,
 )
 def _delta(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
-    return cached_runner("delta", spec, _delta_config(options))
+    return cached_runner("delta", spec, _delta_config(options, spec))

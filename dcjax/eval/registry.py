@@ -61,6 +61,7 @@ import jax.numpy as jnp
 from dcjax import deepcache
 from dcjax.config import Config
 from dcjax.step import frame_input
+from dcjax.transforms.guard import GuardConfig
 from dcjax.transforms.trace import as_function
 
 __all__ = [
@@ -120,6 +121,9 @@ class ModelSpec:
             boxes; the records then carry `dcjax.eval.metrics.DETECTION_KEYS`.
         heatmap: for a detector, ``heatmap(output)``: the score map whose
             largest error the records report (``heatmap_max_err``).
+        guard: for a detector, its score map as a `dcjax.transforms.guard.GuardConfig`
+            with the threshold and margin it is guarded at by default (the
+            methods' ``guard`` option), else None.
     """
 
     name: str
@@ -131,6 +135,7 @@ class ModelSpec:
     calibration: Any = None
     boxes: Callable[[Any, tuple[int, int]], Any] | None = None
     heatmap: Callable[[Any], Any] | None = None
+    guard: GuardConfig | None = None
 
     @functools.cached_property
     def analysis(self) -> deepcache.CachedModel:

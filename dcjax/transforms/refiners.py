@@ -129,7 +129,10 @@ class InputRefiner:
             scale = jnp.where(kept, old, refine_lib.scale(x, sig, metric))
         dy, dx, _ = self._ctx.shift(sig)
         ref = shifted(self._refs[owner], dy, dx, sig.axes)
-        valid = self._ctx.valid(sig) & self._layer_valid[owner] & ~self._refresh
+        valid = (
+            self._ctx.valid(sig) & self._ctx.unguarded(sig) & self._layer_valid[owner]
+            & ~self._refresh
+        )  # fmt: skip
 
         shape = (x.shape[sig.axes[0]], x.shape[sig.axes[1]])  # `change`'s
         kept_by_mask = jnp.zeros(shape, bool) if alone else jnp.broadcast_to(in_mask, shape)

@@ -60,10 +60,28 @@ def test_record_values():
     assert r["top1_stability"] == 0.0  # the reference's top-1 changes on every frame
     assert r["match_ratio"] == pytest.approx(0.8)  # refresh frame and NaN left out
     assert r["refreshes"] == 1 and r["band_refreshes"] == 2
+    assert r["guarded_fraction"] == 0.0  # no guard reported
     assert r["cache_bytes"] == 1234
     assert [lay["reuse_fraction"] for lay in r["per_layer"]] == [0.625, 0.25]
     assert [lay["sparse"] for lay in r["per_layer"]] == [True, None]  # None: not said
     assert r["output_mse"] == pytest.approx(np.mean(np.square([1, 0.2, 0.1])) / 4)
+
+
+def test_the_guarded_fraction_is_the_mean_over_frames():
+    infos = {
+        "flops_ratio": np.array([1.0, 0.5]),
+        "match_ratio": np.array([0.0, 0.9]),
+        "refreshed": np.array([True, False]),
+        "reuse_fraction": np.zeros((2, 2)),
+        "guarded": np.array([0.0, 0.3]),
+    }
+    r = _record(
+        infos=infos, latencies_ms=[4.0, 2.0], dense_latencies_ms=[5.0, 5.0],
+        plain_latencies_ms={"args": [6.0, 6.0]},
+        outputs=np.zeros((2, 1, 3)), reference=np.zeros((2, 1, 3)),
+    )  # fmt: skip
+    metrics.check_record(r)
+    assert r["guarded_fraction"] == pytest.approx(0.15)
 
 
 def test_stability_counts_consecutive_frames_with_the_same_top1():
