@@ -6,7 +6,10 @@
 1. matches the frame against the state's key (`dcjax.matching.StreamMatcher`,
    or a `Match` given by the caller) and decides whether to recompute it in
    full (the first frame, every ``Config.refresh_every`` frames, too few
-   matched blocks, a frame holding NaN or Inf);
+   matched blocks, a frame holding NaN or Inf); with ``Config.guard`` the
+   region around the last frame's cells over the guard's threshold is
+   recomputed whatever the matcher and the refinement say
+   (`dcjax.transforms.guard`);
 2. runs the network through the caching interpreter
    (`dcjax.transforms.interpreter.evaluate`) with a `Policy` that reuses each
    layer's shifted cache where its mask allows, computing the rest with the
@@ -17,7 +20,8 @@
    output without running the network (`Config.skip_unchanged`): the network
    then sits in a loop of zero trips, whose carry keeps the caches' buffers;
 4. returns the new state and the frame's ``info`` (motion, refresh, match
-   ratio, input reuse, per-layer reuse fractions, FLOP ratio, still-frame skip).
+   ratio, input reuse, guarded fraction, per-layer reuse fractions, FLOP ratio,
+   still-frame skip).
 
 A frame that holds NaN or Inf is not used as the key for the next frame, which
 is then recomputed in full too.
