@@ -38,8 +38,8 @@ STREAM_METHODS = ("deepcache", "adaptive")
 
 
 def _method(sub: argparse.ArgumentParser, spec_text: str) -> tuple[str, Any]:
-    """The method's name and options: a `Config` for ``deepcache``, `(config,
-    levels, controller)` for ``adaptive``."""
+    """The method's name and its checked options (`_streams` resolves them for
+    the model: ``guard`` names the model's score map)."""
     from dcjax.eval import methods, registry, switching_method
 
     name, options = registry.parse_method(spec_text)
@@ -49,17 +49,27 @@ def _method(sub: argparse.ArgumentParser, spec_text: str) -> tuple[str, Any]:
     common.check_method(sub, "--method", spec_text)
     with common.method_errors(sub, "--method"):
         if name == "deepcache":
-            return name, methods.deepcache_config(options)
-        return name, switching_method.adaptive_options(options)
+            methods.deepcache_config(options)
+        else:
+            switching_method.adaptive_options(options)
+    return name, options
 
 
-def _streams(name: str, options: Any, spec: Any, n: int, progress: bool) -> Any:
+def _streams(
+    sub: argparse.ArgumentParser, name: str, options: Any, spec: Any, n: int, progress: bool
+) -> Any:
     """The `Streams` (or `AdaptiveStreams`) of ``n`` streams of the method."""
     from dcjax.eval import methods, switching_method
 
+    # a guard on a model without a score map, say
+    with common.method_errors(sub, "--method", ValueError):
+        if name == "deepcache":
+            config = methods.deepcache_config(options, spec)
+        else:
+            adaptive_options = switching_method.adaptive_options(options, spec)
     if name == "deepcache":
-        return methods.transform(spec, options).streams(n)
-    adaptive = switching_method.build_adaptive(spec, *options, progress=progress)
+        return methods.transform(spec, config).streams(n)
+    adaptive = switching_method.build_adaptive(spec, *adaptive_options, progress=progress)
     print(f"plans: {len(adaptive.models)}, from input dirty fractions "
           f"{', '.join(f'{v:g}' for v in adaptive.levels)}", flush=True)  # fmt: skip
     return adaptive.streams(n)
@@ -106,7 +116,7 @@ def streams_run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) 
     print(f"{args.model} on {n} videos as streams of one batch at {h}x{w}: "
           f"{', '.join(str(k) for k in lengths)} frames", flush=True)  # fmt: skip
     spec = calibrated(spec, clips[0])  # tune and race on the first video's first frames
-    streams = _streams(name, options, spec, n, progress=not args.no_progress)
+    streams = _streams(sub, name, options, spec, n, progress=not args.no_progress)
     raced = streams.raced or {}
     print(f"schedule: {streams.schedule}"
           + ("" if not raced else " (raced: " + ", ".join(

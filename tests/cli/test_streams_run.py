@@ -81,6 +81,8 @@ def test_adaptive_streams_switch_plans_and_report_each_switch(tmp_path, short_cl
         (["--method", "adaptive:levels=0.5|0.2"], "levels='0.5|0.2' must increase"),
         (["--out", "x.mp4"], "argument --out: one video only"),
         (["--native"], "argument --native: the videos have different frame sizes"),
+        (["--method", "deepcache:guard=True"], "argument --method: dave has no score map to "
+                                               "guard"),
     ],
 )  # fmt: skip
 def test_bad_stream_runs_exit_2_with_one_line(extra, message, short_clip, tmp_path, capsys):
