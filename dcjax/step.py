@@ -11,7 +11,7 @@
    recomputed whatever the matcher and the refinement say
    (`dcjax.transforms.guard`);
 2. runs the network through the caching interpreter
-   (`dcjax.transforms.interpreter.evaluate`) with a `Policy` that reuses each
+   (`dcjax.transforms.interpreter.evaluate`) with a `Policy` (`dcjax.policy`) that reuses each
    layer's shifted cache where its mask allows, computing the rest with the
    sparse kernels as the `dcjax.plan.Plan` says, refines masks
    (`dcjax.transforms.refiners`) and updates fully connected layers by rows;
@@ -38,49 +38,23 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from dcjax import kernels
-from dcjax._loops import pinned, shifted, skipping_pays
+from dcjax._loops import pinned, skipping_pays
 from dcjax.config import Config
-from dcjax.kernels import chain as chain_lib
 from dcjax.kernels import lowering as conv_lowering
 from dcjax.matching import Match, StreamMatcher
 from dcjax.plan import Plan
+from dcjax.policy import CachePolicy, LayerResult
 from dcjax.state import CacheState
 from dcjax.transforms import guard as guard_lib
-from dcjax.transforms.interpreter import Policy, evaluate
+from dcjax.transforms.interpreter import evaluate
 from dcjax.transforms.motion import FrameContext
 from dcjax.transforms.records import Analysis
-from dcjax.transforms.refiners import DenseUpdater, InputRefiner
 from dcjax.transforms.spatial import Spatial
 from dcjax.transforms.trace import TracedModel
 
 __all__ = [
-    "LayerResult", "Pass", "Step", "frame_finite", "frame_input", "mean_of_masks", "refresh_band",
+    "Pass", "Step", "frame_finite", "frame_input", "mean_of_masks", "refresh_band",
 ]  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LayerResult:
-    """What the step's policy computed at one reused layer.
-
-    Attributes:
-        mask: the layer's output reuse mask (after its cache's validity).
-        cache: its new cache (the old one where it keeps none or is deferred).
-    """
-
-    mask: Any
-    cache: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class _Deferred:
-    """A chain's layer (`LayerPlan.deferred`) whose output is computed with the
-    chain's last layer: what the interpreter holds in place of that output
-    (not an array, nor a pytree, so that any other use of it fails loudly)."""
-
-    eqn: Any
-    invals: list
-    epilogue: Any
 
 
 def refresh_band(since_refresh: jax.Array, every: int, bands: int) -> jax.Array:
@@ -90,109 +64,6 @@ def refresh_band(since_refresh: jax.Array, every: int, bands: int) -> jax.Array:
     ``every``), else -1."""
     k = since_refresh - (every - bands) - 1
     return jnp.where((k >= 0) & (k < bands), k, -1).astype(jnp.int32)
-
-
-class _CachePolicy(Policy):
-    """The interpreter's policy for one frame of the step (see the module docstring)."""
-
-    def __init__(
-        self,
-        plan: Plan,
-        config: Config,
-        state: CacheState,
-        ctx: FrameContext,
-        refresh: jax.Array,
-        kept: tuple,
-    ) -> None:
-        self._plan, self._kernel = plan, config.kernel
-        self._state, self._ctx, self._kept = state, ctx, kept
-        self.refines = plan.refines
-        if plan.refines:
-            self._refiner = InputRefiner(
-                refined=plan.refined,
-                owners=tuple(lp.ref_owner for lp in plan.layers),
-                tested_alone=tuple(lp.tested_alone for lp in plan.layers),
-                signatures=tuple(lp.layer.in_signature for lp in plan.layers),
-                delta=config.refine.delta,
-                metric=config.refine.metric,
-                refs=state.refs,
-                ref_scale=state.ref_scale,
-                layer_valid=state.layer_valid,
-                ctx=ctx,
-                refresh=refresh,
-            )
-        self._dense = DenseUpdater(
-            updated=plan.updated_dense,
-            deltas=tuple(d.delta for d in plan.dense),
-            exact=tuple(d.exact for d in plan.dense),
-            states=state.dense,
-            refresh=refresh,
-            frame_index=state.frame_index,
-        )
-
-    def fuses(self, layer: int) -> bool:
-        return bool(self._plan.layers[layer].epilogue)
-
-    def refine(self, layer, x, in_mask):
-        return self._refiner(layer, x, in_mask)
-
-    def dense(self, index, eqn, invals):
-        return self._dense(index, eqn, invals)
-
-    def reuse(self, layer, eqn, invals, mask, epilogue):
-        lp, state = self._plan.layers[layer], self._state
-        valid = state.layer_valid[layer]
-        if lp.keeps_cache and skipping_pays():
-            # A conditional materialises the layer's mask once, where XLA:CPU
-            # would otherwise fuse the mask propagation behind it into each of
-            # the kernel's consumers of the mask (docs/performance-notes.md).
-            mask = lax.cond(valid, lambda m: m, jnp.zeros_like, mask)
-        else:
-            mask = mask & valid
-        mask = mask & self._ctx.unguarded(lp.layer.signature)
-        old = state.caches[layer]
-        if lp.deferred:  # the chain's expansion or depthwise layer: computed with its last
-            return _Deferred(eqn, invals, epilogue), LayerResult(mask=mask, cache=old)
-        if not lp.keeps_cache:
-            return kernels.dense_conv_eqn(eqn, invals), LayerResult(mask=mask, cache=old)
-        sig = lp.layer.signature
-        dy, dx, _ = self._ctx.shift(sig)
-        # Shifted in the state's shape (`cache_shape`): a loop carrying the
-        # layer's (1, H, W, C) shape would, under `jax.vmap`, be laid out apart
-        # from the state's buffer and copy it in (docs/performance-notes.md).
-        kept = self._kept[layer]
-        drop = kept.ndim - old.ndim
-        cached = shifted(kept, dy, dx, tuple(a + drop for a in sig.axes))
-        cached = cached.reshape(old.shape)
-        if lp.chain is not None:
-            out = _chain_output(eqn, invals, epilogue, mask, cached)
-        else:
-            k = lp.kernel
-            out = kernels.masked_conv_eqn(
-                eqn, invals, mask, cached, self._kernel if k is None else k.impl,
-                scattered=lp.refined, epilogue=epilogue,
-                tile=None if k is None else k.tile, chunk=None if k is None else k.chunk,
-            )  # fmt: skip
-        return out, LayerResult(mask=mask, cache=out)
-
-
-def _chain_output(eqn, invals, epilogue, mask, cached):
-    """The projection of an inverted-residual chain, computed with the chain's
-    deferred expansion and depthwise layers (`dcjax.kernels.chain`)."""
-    mid = invals[0]
-    head = mid.invals[0]
-    links = tuple(
-        chain_lib.Link(e, ins[1], epi)
-        for e, ins, epi in (
-            (head.eqn, head.invals, head.epilogue),
-            (mid.eqn, mid.invals, mid.epilogue),
-            (eqn, invals, epilogue),
-        )
-    )
-    x_in = head.invals[0]
-    return chain_lib.chain_masked_conv(
-        x_in, links, jnp.broadcast_to(mask, (x_in.shape[0], *mask.shape)), cached
-    )
 
 
 class Pass(NamedTuple):
@@ -470,7 +341,7 @@ class Step:
                 for c, lp in zip(kept, plan.layers, strict=True)
             ),
         )
-        policy = _CachePolicy(plan, self.config, state, ctx, refresh, kept)
+        policy = CachePolicy(plan, self.config, state, ctx, refresh, kept)
         args, masks = [*leaves, x[None]], [True] * len(leaves) + [r0]
         refs, ref_scale = tuple(state.refs), state.ref_scale
         dense, dense_reuse = tuple(state.dense), jnp.zeros((len(plan.dense),), jnp.float32)
