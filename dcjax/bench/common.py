@@ -7,7 +7,9 @@
   model loads: `check_model`, `check_method` (and `method_errors` for what a
   method refuses once the model is there), `check_video`, `check_output`,
   `check_input_size` (a frame size a model takes).
-- Frames: `input_size` (what ``--size`` / ``--native`` ask for), `load_clip`
+- Models and frames: `load_spec` (the model a command runs, its pretrained
+  weights or, loudly, random ones), `input_size` (what ``--size`` / ``--native``
+  ask for), `load_clip`
   (a video that breaks part way runs on what decoded, with `warn_truncated`'s
   line on stderr).
 - Output: `table` (rows of cells as aligned text), `write_json`, `machine` (the
@@ -50,6 +52,7 @@ __all__ = [
     "frames_int",
     "input_size",
     "load_clip",
+    "load_spec",
     "machine",
     "message",
     "method_errors",
@@ -309,6 +312,32 @@ def load_clip(path: str, frame_shape: Sequence[int] | None, *, frames: int, star
 
 
 # --- output -----------------------------------------------------------------------------
+
+
+def load_spec(
+    name: str,
+    *,
+    pretrained: bool,
+    width: float,
+    fps: float,
+    quiet: bool = False,
+    input_size: tuple[int, int] | None = None,
+):
+    """The model a command runs, built for ``input_size`` frames (None: its
+    published input), and whether its weights are pretrained."""
+    from dcjax.eval.harness import model_spec
+
+    if pretrained and width != 1.0:
+        pretrained = False
+    kwargs = {"width": width, "fps": fps, "input_size": input_size}
+    try:
+        return model_spec(name, pretrained=pretrained, **kwargs), pretrained
+    except Exception as e:  # missing extra or weights: degrade, loudly
+        if not pretrained:
+            raise
+        print(f"dcjax: pretrained {name} unavailable ({type(e).__name__}: {e}); "
+              "using random weights", file=sys.stderr)  # fmt: skip
+        return model_spec(name, pretrained=False, **kwargs), False
 
 
 def table(rows: Sequence[dict[str, str]]) -> str:

@@ -92,7 +92,6 @@ def _size(sub, args, paths: list[str]) -> tuple[int, int] | None:
 def streams_run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import jax
 
-    from dcjax.cli.subcommands import load_spec
     from dcjax.eval import methods
     from dcjax.eval.harness import calibrated
 
@@ -106,7 +105,7 @@ def streams_run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) 
     size = _size(sub, args, paths)
     if size is not None:
         common.check_input_size(sub, "--size", args.model, size, width=args.width)
-    spec, _ = load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=10.0,
+    spec, _ = common.load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=10.0,
                         input_size=size)  # fmt: skip
     clips = [common.load_clip(p, spec.frame_shape, frames=args.frames, start=args.start)
              for p in paths]  # fmt: skip

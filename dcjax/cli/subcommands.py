@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +18,6 @@ __all__ = [
     "COLUMNS_NOTE",
     "PROFILE_WARMUP",
     "demo_command",
-    "load_spec",
     "models_command",
     "nothing_sparse_note",
     "profile_command",
@@ -128,32 +126,6 @@ def nothing_sparse_note(record: dict[str, Any]) -> str:
     return f"\nNo layer of {record['model']} is computed sparsely here: {why}. {then}"
 
 
-def load_spec(
-    name: str,
-    *,
-    pretrained: bool,
-    width: float,
-    fps: float,
-    quiet: bool = False,
-    input_size: tuple[int, int] | None = None,
-):
-    """The model a command runs, built for ``input_size`` frames (None: its
-    published input), and whether its weights are pretrained."""
-    from dcjax.eval.harness import model_spec
-
-    if pretrained and width != 1.0:
-        pretrained = False
-    kwargs = {"width": width, "fps": fps, "input_size": input_size}
-    try:
-        return model_spec(name, pretrained=pretrained, **kwargs), pretrained
-    except Exception as e:  # missing extra or weights: degrade, loudly
-        if not pretrained:
-            raise
-        print(f"dcjax: pretrained {name} unavailable ({type(e).__name__}: {e}); "
-              "using random weights", file=sys.stderr)  # fmt: skip
-        return model_spec(name, pretrained=False, **kwargs), False
-
-
 def _input_size(sub, args, model: str, path: str, label: str) -> tuple[int, int] | None:
     """The frame size ``--size`` / ``--native`` ask for (None: neither), checked
     against the model before it loads."""
@@ -194,7 +166,7 @@ def demo_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from dcjax.eval import harness, plots, report
 
     fps = video.info(path).fps or 10.0
-    spec, pretrained = load_spec(args.model, pretrained=not args.no_pretrained,
+    spec, pretrained = common.load_spec(args.model, pretrained=not args.no_pretrained,
                                   width=args.width, fps=fps, input_size=size)  # fmt: skip
     frames = _load(path, spec, args, frames=args.frames)
     weights = "pretrained" if pretrained else "random-weight"
@@ -282,7 +254,7 @@ def run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from dcjax.eval import harness
 
     fps = video.info(path).fps or 10.0
-    spec, _ = load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=fps,
+    spec, _ = common.load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=fps,
                         input_size=size)  # fmt: skip
     if args.anonymize and spec.boxes is None:
         sub.error(f"argument --anonymize: {args.model} finds no boxes; use a detector "
@@ -325,7 +297,7 @@ def profile_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> i
     size = _input_size(sub, args, args.model, path, args.video)
     from dcjax.eval import harness, profile, registry
 
-    spec, _ = load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=10.0,
+    spec, _ = common.load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=10.0,
                         input_size=size)  # fmt: skip
     frames = _load(path, spec, args, frames=args.frames, start=args.start)
     spec = harness.calibrated(spec, frames)  # the plan that bench and run would race to

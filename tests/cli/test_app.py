@@ -9,8 +9,7 @@ import sys
 import pytest
 
 from dcjax import cli
-from dcjax.bench import PROGRAMS
-from dcjax.cli import subcommands
+from dcjax.bench import PROGRAMS, common
 from tests.cli import TINY
 
 
@@ -99,7 +98,7 @@ def test_bad_videos_and_outputs_exit_2_with_one_line_before_anything_loads(
     argv, named, says, bad_videos, monkeypatch, capsys
 ):
     monkeypatch.chdir(bad_videos)
-    monkeypatch.setattr(subcommands, "load_spec", None)  # checked before any model loads
+    monkeypatch.setattr(common, "load_spec", None)  # checked before any model loads
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)
     assert exc.value.code == 2

@@ -15,7 +15,6 @@ import pytest
 
 from dcjax import cli, video
 from dcjax.bench import common
-from dcjax.cli import subcommands
 from dcjax.eval import harness
 from tests.cli import TINY
 
@@ -175,7 +174,7 @@ def test_sizes_too_small_for_the_model_exit_2_before_it_loads(
     argv, named, says, bad_videos, monkeypatch, capsys
 ):
     monkeypatch.chdir(bad_videos)
-    monkeypatch.setattr(subcommands, "load_spec", None)  # checked before any model loads
+    monkeypatch.setattr(common, "load_spec", None)  # checked before any model loads
     monkeypatch.setattr(harness, "model_spec", None)
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)
