@@ -16,7 +16,8 @@ Contract:
   form one centred rectangle covering the fraction (DeepCache's masks are
   blobs). Each candidate is compiled once; the mask is an argument.
 - `TuningCache` keeps measurements in a JSON file keyed by the machine
-  (`machine_key`: backend, device kind, cores, jax and jaxlib versions) and
+  (`machine_key`: backend, device kind or processor model, cores, jax and
+  jaxlib versions) and
   the layer's geometry (`layer_key`), so a layer is measured once per machine
   and software; `default_path` says where the file lives.
 - `expected_cost(costs, fraction, refresh_every)` is the mean cost a frame of
@@ -42,6 +43,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import platform
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -73,6 +75,7 @@ __all__ = [
     "default_path",
     "expected_cost",
     "layer_key",
+    "cpu_model",
     "machine_key",
     "measure",
     "resolve_tuning",
@@ -286,20 +289,34 @@ def expected_cost(
 
 
 def machine_key() -> str:
-    """What a measurement depends on besides the layer: backend, device kind,
-    cores this process may use, jax and jaxlib versions."""
+    """What a measurement depends on besides the layer: backend, device kind
+    (on CPU, the processor's model, `cpu_model`: XLA's device kind is ``"cpu"``
+    on every processor), cores this process may use, jax and jaxlib versions."""
     import jaxlib
 
-    device = jax.devices()[0]
-    return "|".join(
-        (
-            jax.default_backend(),
-            str(getattr(device, "device_kind", "?")),
-            f"{cores()} cores",
-            f"jax {jax.__version__}",
-            f"jaxlib {jaxlib.__version__}",
-        )
-    )
+    backend = jax.default_backend()
+    kind = str(getattr(jax.devices()[0], "device_kind", "?"))
+    if backend == "cpu":
+        kind = f"{kind} {cpu_model()}"
+    versions = f"jax {jax.__version__}", f"jaxlib {jaxlib.__version__}"
+    return "|".join((backend, kind, f"{cores()} cores", *versions))
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The processor's model name (Linux's ``cpuinfo``, else `platform.processor`,
+    else the architecture), so that measurements made on one processor are not
+    read on another that shares the file (a home directory mounted on several
+    machines)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                name, sep, value = line.partition(":")
+                if sep and name.strip() in ("model name", "Processor", "cpu model"):
+                    if value.strip():
+                        return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "?"
 
 
 def cores() -> int:

@@ -193,3 +193,22 @@ def test_resolve_tuning(monkeypatch):
     monkeypatch.setenv(kt.TUNING_ENV, "fast")
     with pytest.raises(ValueError, match=r"\$DCJAX_TUNING must be one of"):
         kt.resolve_tuning(None)
+
+
+def test_measurements_are_kept_per_processor_model(monkeypatch, tmp_path):
+    """XLA calls every CPU ``"cpu"``: the machine key names the processor, so a
+    file shared by two machines (one home directory) keeps each one's timings."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD  EPYC 7B13\n")
+    assert kt.cpu_model(str(info)) == "AMD EPYC 7B13"
+    assert kt.cpu_model(str(tmp_path / "missing")) != ""  # platform's answer instead
+    monkeypatch.setattr(kt, "cpu_model", lambda: "AMD EPYC 7B13")
+    amd = kt.machine_key()
+    monkeypatch.setattr(kt, "cpu_model", lambda: "Intel(R) Xeon(R) Processor")
+    intel = kt.machine_key()
+    assert amd != intel and "AMD EPYC 7B13" in amd
+    cache = kt.TuningCache(tmp_path / "t.json")
+    key = kt.layer_key(_layer(), jnp.float32)
+    cache.put(amd, key, "dense", (1.0,) * len(kt.FRACTIONS))
+    assert cache.get(intel, key, "dense") is None  # the Xeon measures its own
+    assert cache.get(amd, key, "dense") == (1.0,) * len(kt.FRACTIONS)
