@@ -83,10 +83,11 @@ PLANS = ("cached", "dense", "nocache", "prior", "cut")
 #: Which plan a race keeps on a tie (`race_winner`), most preferred first: the
 #: dense step with the still-frame skip, then without it (both give the model's
 #: own outputs; the skip pays where frames are still), then the fixed rules'
-#: kernels, then the measured ones (a tie keeps the fixed rules, as in the
-#: lowerings' race), then a cut of them, kept only where it is faster than
-#: every other plan beyond noise.
-PREFERENCE = ("dense", "nocache", "prior", "cached", "cut")
+#: kernels (a tie keeps the fixed rules, as in the lowerings' race), then a cut
+#: of the measured ones before all of them: where a cut ties, it reuses with the
+#: same kernels, computes its cut layers exactly and keeps fewer caches (the
+#: cuts in `CUTS` order, the one with the most layers in full first).
+PREFERENCE = ("dense", "nocache", "prior", "cut", "cached")
 
 #: The dirty fractions from which a cut plan computes a layer in full
 #: (`cut_tuning`): the fractions the kernels are timed at (`FRACTIONS`) from a
