@@ -311,16 +311,12 @@ def load_clip(path: str, frame_shape: Sequence[int] | None, *, frames: int, star
                                on_truncated=warn_truncated)  # fmt: skip
 
 
-# --- output -----------------------------------------------------------------------------
-
-
 def load_spec(
     name: str,
     *,
     pretrained: bool,
     width: float,
     fps: float,
-    quiet: bool = False,
     input_size: tuple[int, int] | None = None,
 ):
     """The model a command runs, built for ``input_size`` frames (None: its
@@ -338,6 +334,9 @@ def load_spec(
         print(f"dcjax: pretrained {name} unavailable ({type(e).__name__}: {e}); "
               "using random weights", file=sys.stderr)  # fmt: skip
         return model_spec(name, pretrained=False, **kwargs), False
+
+
+# --- output -----------------------------------------------------------------------------
 
 
 def table(rows: Sequence[dict[str, str]]) -> str:
