@@ -233,26 +233,42 @@ _MATCH_FNS: dict[str, Any] = {}
 
 
 def _match_fn(matcher: StreamMatcher) -> Any:
-    """The jitted match of two frames by ``matcher`` (one per matcher, so that a
-    match compiled beside the kernels' candidates is not compiled again)."""
+    """``(key_of, match)``, jitted once per matcher (so that a match compiled
+    beside the kernels' candidates is not compiled again): the key of a frame,
+    and the match of a frame against a key from a motion, as the step runs it
+    (the frame's key computed in the match's program, the key and the motion
+    arguments)."""
     key = repr(matcher)
     if key not in _MATCH_FNS:
-        _MATCH_FNS[key] = jax.jit(lambda a, b: matcher.match_frames(a, b).mask)
+
+        def match(k: jax.Array, frame: jax.Array, motion: jax.Array) -> jax.Array:
+            return matcher.match(k, frame, matcher.key_of(frame), motion).mask
+
+        _MATCH_FNS[key] = (jax.jit(matcher.key_of), jax.jit(match))
     return _MATCH_FNS[key]
 
 
+def _match_pair(matcher: StreamMatcher, prev: Any, cur: Any) -> Any:
+    """The mask of ``cur`` matched against ``prev`` (one call of `_match_fn`'s)."""
+    key_of, match = _match_fn(matcher)
+    return match(key_of(prev), cur, jnp.zeros((2,), jnp.int32))
+
+
 def _matcher_cost_on(matcher: StreamMatcher, frames: Any, repeats: int) -> float:
-    """Mean seconds a match of consecutive ``frames`` (T >= 2), each pair's the
-    least of ``repeats`` calls after one warm-up call."""
+    """Mean seconds a match of each of ``frames`` (T >= 2) against the key of the
+    one before takes in the step, each pair's the least of ``repeats`` calls
+    after one warm-up call (the keys are made before, untimed)."""
     frames = jnp.asarray(frames)
-    fn = _match_fn(matcher)
-    fn(frames[0], frames[1]).block_until_ready()
+    key_of, fn = _match_fn(matcher)
+    keys = [key_of(f) for f in frames[:-1]]
+    zero = jnp.zeros((2,), jnp.int32)  # the motion the step passes: an argument
+    fn(keys[0], frames[1], zero).block_until_ready()
     costs = []
-    for a, b in zip(frames[:-1], frames[1:]):
+    for k, b in zip(keys, frames[1:]):
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            fn(a, b).block_until_ready()
+            fn(k, b, zero).block_until_ready()
             best = min(best, time.perf_counter() - t0)
         costs.append(best)
     return float(np.mean(costs))
@@ -298,7 +314,7 @@ def _matcher_warmups(
             pair = _moved_pair(frame_shape, frame_dtype)
         else:
             continue
-        jobs.append(lambda m=m, pair=pair: _match_fn(m)(pair[0], pair[1]).block_until_ready())
+        jobs.append(lambda m=m, pair=pair: _match_pair(m, pair[0], pair[1]).block_until_ready())
     return jobs
 
 

@@ -180,17 +180,26 @@ def test_with_calibration_frames_the_matchers_are_timed_on_them(model, fake, mon
 
 
 def test_matchers_cost_on_frames_is_a_mean_over_their_pairs(monkeypatch):
-    calls = []
+    """Each frame is matched against the previous frame's key, made before and
+    untimed, from a motion passed in: the match the step runs."""
+    calls, keys, motions = [], [], []
 
     class Matcher:
-        def match_frames(self, a, b):
+        def key_of(self, frame):
+            keys.append(1)
+            return frame.astype(jnp.float32)
+
+        def match(self, key, frame, frame_key, motion):
             calls.append(1)
-            return types.SimpleNamespace(mask=a == b)
+            motions.append(motion)
+            return types.SimpleNamespace(mask=key == frame_key)
 
     frames = np.zeros((4, 8, 8, 3), np.uint8)
     cost = autotune._matcher_cost_on(Matcher(), frames, repeats=2)
     assert 0 < cost < 1.0
     assert calls == [1]  # traced once, then the compiled matcher runs 3 pairs x 2 repeats
+    assert isinstance(motions[0], jax.core.Tracer)  # an argument, as in the step
+    assert len(keys) == 2  # traced once alone (the keys made before) and once in the match
 
 
 def test_the_matchers_compile_beside_the_kernels_and_are_not_compiled_again(tmp_path):
@@ -206,9 +215,9 @@ def test_the_matchers_compile_beside_the_kernels_and_are_not_compiled_again(tmp_
     assert len(jobs) == 2
     for job in jobs:
         job()
-    fns = [autotune._match_fn(m) for m in autotune._matchers(cfg)]
+    fns = [f for m in autotune._matchers(cfg) for f in autotune._match_fn(m)]
     sizes = [f._cache_size() for f in fns]
-    assert sizes == [1, 1]
+    assert sizes == [1, 1, 1, 1]  # each matcher's key and match
     autotune._overhead(cfg, SHAPE, jnp.uint8, cache, 1, frames)
     assert [f._cache_size() for f in fns] == sizes  # nothing compiled again
     synthetic = autotune._matcher_warmups(cfg, SHAPE, jnp.uint8, cache)
