@@ -106,7 +106,7 @@ def streams_run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) 
     if size is not None:
         common.check_input_size(sub, "--size", args.model, size, width=args.width)
     spec, _ = common.load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=10.0,
-                        input_size=size)  # fmt: skip
+                               input_size=size)  # fmt: skip
     clips = [common.load_clip(p, spec.frame_shape, frames=args.frames, start=args.start)
              for p in paths]  # fmt: skip
     lengths = [len(c) for c in clips]

@@ -167,7 +167,7 @@ def demo_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     fps = video.info(path).fps or 10.0
     spec, pretrained = common.load_spec(args.model, pretrained=not args.no_pretrained,
-                                  width=args.width, fps=fps, input_size=size)  # fmt: skip
+                                        width=args.width, fps=fps, input_size=size)  # fmt: skip
     frames = _load(path, spec, args, frames=args.frames)
     weights = "pretrained" if pretrained else "random-weight"
     print(f"dcjax demo: {weights} {args.model} on {args.video} ({len(frames)} frames at "
@@ -255,7 +255,7 @@ def run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     fps = video.info(path).fps or 10.0
     spec, _ = common.load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=fps,
-                        input_size=size)  # fmt: skip
+                               input_size=size)  # fmt: skip
     if args.anonymize and spec.boxes is None:
         sub.error(f"argument --anonymize: {args.model} finds no boxes; use a detector "
                   "(--model centerface)")  # fmt: skip
@@ -298,7 +298,7 @@ def profile_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> i
     from dcjax.eval import harness, profile, registry
 
     spec, _ = common.load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=10.0,
-                        input_size=size)  # fmt: skip
+                               input_size=size)  # fmt: skip
     frames = _load(path, spec, args, frames=args.frames, start=args.start)
     spec = harness.calibrated(spec, frames)  # the plan that bench and run would race to
     results = []
