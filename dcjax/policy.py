@@ -107,14 +107,15 @@ class CachePolicy(Policy):
     def reuse(self, layer, eqn, invals, mask, epilogue):
         lp, state = self._plan.layers[layer], self._state
         valid = state.layer_valid[layer]
+        mask = mask & self._ctx.unguarded(lp.layer.signature)
         if lp.keeps_cache and skipping_pays():
-            # A conditional materialises the layer's mask once, where XLA:CPU
-            # would otherwise fuse the mask propagation behind it into each of
-            # the kernel's consumers of the mask (docs/performance-notes.md).
+            # A conditional materialises the layer's mask once (the guard's
+            # region included), where XLA:CPU would otherwise fuse the mask
+            # propagation behind it into each of the kernel's consumers of the
+            # mask (docs/performance-notes.md).
             mask = lax.cond(valid, lambda m: m, jnp.zeros_like, mask)
         else:
             mask = mask & valid
-        mask = mask & self._ctx.unguarded(lp.layer.signature)
         old = state.caches[layer]
         if lp.deferred:  # the chain's expansion or depthwise layer: computed with its last
             return _Deferred(eqn, invals, epilogue), LayerResult(mask=mask, cache=old)
