@@ -16,6 +16,7 @@ import dataclasses
 import math
 from typing import Any
 
+from dcjax._checks import check as _check
 from dcjax.kernels import IMPLS
 from dcjax.kernels.tuning import TUNINGS
 from dcjax.matching.matcher import COLORS, KEYS, MATCHERS, matcher_options
@@ -25,11 +26,6 @@ from dcjax.transforms.refine import METRICS
 from dcjax.transforms.trace import COMPUTE_DTYPES
 
 __all__ = ["Config", "GuardConfig", "RefineConfig", "SemanticConfig"]
-
-
-def _check(cond: bool, message: str) -> None:
-    if not cond:
-        raise ValueError(f"dcjax: {message}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

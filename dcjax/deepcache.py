@@ -44,7 +44,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from dcjax import autotune
+from dcjax import autotune, race
 from dcjax.cached_model import CachedModel
 from dcjax.config import Config, RefineConfig, SemanticConfig
 from dcjax.kernels import auto
@@ -101,7 +101,7 @@ def transform(
             that changes a kernel) race over the frames, and the fastest
             is returned (``tuning.plan``, ``tuning.raced``) where it is
             faster beyond the race's noise; on a tie the plan first in
-            `dcjax.autotune.PREFERENCE` (`dcjax.autotune.race_winner`). None: kernels
+            `dcjax.autotune.PREFERENCE` (`dcjax.race.race_winner`). None: kernels
             chosen for every fraction alike, no race. Ignored where tuning
             does not run.
         progress: show a progress bar while kernels are measured.
@@ -175,10 +175,10 @@ def transform(
                 tunings.append(t)
                 plans.append("cut")
                 models.append(cached.with_tuning(t))
-    samples = autotune.race_samples(models, calibration)
-    times = autotune.race_figures(samples)
+    samples = race.race_samples(models, calibration)
+    times = race.race_figures(samples)
     preference = sorted(range(len(plans)), key=lambda i: autotune.PREFERENCE.index(plans[i]))
-    best = autotune.race_winner(samples, preference)
+    best = race.race_winner(samples, preference)
     winner = models[best]
     by_plan: dict[str, float] = {}
     for plan, t in zip(plans, times, strict=True):  # the fastest of the cuts

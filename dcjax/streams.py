@@ -26,7 +26,7 @@ Contract:
   its whole network even while others move. Outputs and infos are stacked
   alike; the outputs of the two are equal (to float rounding). The
   sequential schedule runs on one device (no ``mesh``). ``"auto"`` (the
-  default) races the two (`dcjax.autotune.race`) on ``n`` streams made of
+  default) races the two (`dcjax.race.race`) on ``n`` streams made of
   the frames the model was calibrated on (`CachedModel.calibration`, stream
   ``i`` starting ``i * T // n`` frames in, wrapping) and keeps the faster
   (`Streams.raced` holds the seconds a step of each); without calibration
@@ -58,7 +58,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from dcjax import inputs
+from dcjax import inputs, race
 from dcjax.matching import Match
 
 if TYPE_CHECKING:
@@ -145,15 +145,13 @@ class Streams:
     def _race(self, frames: np.ndarray) -> tuple[str, dict[str, float]]:
         """The faster schedule over ``n`` streams of ``frames`` (see the module
         docstring), and the seconds a step of each."""
-        from dcjax.autotune import race
-
         t = len(frames)
         clips = np.stack([np.roll(frames, -(i * t // self.n), axis=0) for i in range(self.n)], 1)
         rivals = {
             name: Streams(self.cached, self.n, stagger=self.stagger, schedule=name)
             for name in ("pooled", "sequential")
         }
-        times = race(list(rivals.values()), clips)
+        times = race.race(list(rivals.values()), clips)
         raced = {name: float(x) for name, x in zip(rivals, times, strict=True)}
         return min(raced, key=raced.get), raced
 

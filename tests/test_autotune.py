@@ -3,7 +3,6 @@ the dense plan where caching cannot pay, calibration on the stream's frames."""
 
 import dataclasses
 import json
-import time
 import types
 
 import flax.linen as nn
@@ -120,8 +119,7 @@ def test_a_saving_below_the_matchers_cost_makes_the_dense_plan(model, fake, monk
 def test_calibration_frames_choose_for_the_streams_fractions(model, fake, monkeypatch):
     costs, _ = fake
     monkeypatch.setattr(
-        autotune,
-        "race_samples",
+        "dcjax.race.race_samples",
         lambda models, frames: race_samples_of([1.0] + [2.0] * (len(models) - 1)),
     )
     # xla pays below a dirty fraction of 0.5, rows above it
@@ -160,8 +158,7 @@ def test_with_calibration_frames_the_matchers_are_timed_on_them(model, fake, mon
     monkeypatch.setattr(autotune, "_matcher_cost_on", on_frames)
     monkeypatch.setattr(autotune, "_matcher_warmups", lambda *a: [])
     monkeypatch.setattr(
-        autotune,
-        "race_samples",
+        "dcjax.race.race_samples",
         lambda models, frames: race_samples_of([1.0] + [2.0] * (len(models) - 1)),
     )
     net, variables = model
@@ -357,7 +354,7 @@ def test_with_calibration_frames_the_faster_plan_of_a_race_is_kept(
         raced.append([(m.config.matcher, any(m.keeps_cache), m.tuning is None) for m in models])
         return race_samples_of(times, models, rest=5e-3)
 
-    monkeypatch.setattr(autotune, "race_samples", race)
+    monkeypatch.setattr("dcjax.race.race_samples", race)
     net, variables = model
     cfg = dcjax.Config(tuning="measure")
     cached = dcjax.transform(
@@ -395,7 +392,7 @@ def test_the_fixed_rules_race_only_where_their_kernels_differ(model, fake, monke
     monkeypatch.setattr(auto, "choose", lambda p, backend, scattered=False: ("xla", None))
     counts = []
     monkeypatch.setattr(
-        autotune, "race_samples",
+        "dcjax.race.race_samples",
         lambda models, frames: counts.append([m.tuning and m.tuning.plan for m in models])
         or race_samples_of((1e-3, 2e-3, 3e-3), models, rest=4e-3),
     )  # fmt: skip
@@ -408,27 +405,6 @@ def test_the_fixed_rules_race_only_where_their_kernels_differ(model, fake, monke
     assert np.isnan(cached.tuning.raced[3])
 
 
-def test_a_race_keeps_the_fastest_only_beyond_its_noise():
-    rng = np.random.default_rng(0)
-    base = rng.uniform(10e-3, 30e-3, (3, 16, 1))  # frames of unlike cost, shared by all
-    noise = rng.normal(0, 1e-3, (3, 16, 3))
-    # model 2 is 2 % faster on every frame, beyond the noise of 1 ms a frame? no:
-    # a 0.4 ms mean gain under 1 ms of noise over 48 pairs is 0.4 / (1.4 / 7) = 2
-    # standard errors at best; a 3 ms gain is far beyond
-    clear = base + noise + np.array([3e-3, 3e-3, 0.0])
-    assert autotune.race_winner(clear, preference=[0, 1]) == 2
-    tie = base + rng.normal(0, 3e-3, (3, 16, 3)) + np.array([0.0, 0.0, -0.1e-3])
-    assert np.argmin(np.median(tie.mean(axis=1), axis=0)) != 0  # some other looks faster
-    assert autotune.race_winner(tie, preference=[0, 1]) == 0  # but ties the preferred
-    assert autotune.race_winner(tie, preference=[1, 0]) == 1
-    # the preferred is slower beyond noise, the next one ties the fastest
-    mixed = base + noise * 0.1 + np.array([5e-3, 0.0, 0.0])
-    assert autotune.race_winner(mixed, preference=[0, 1, 2]) == 1
-    # nothing listed: the fastest, or index order on a tie
-    assert autotune.race_winner(clear, preference=[]) == 2
-    assert autotune.race_winner(np.ones((2, 3, 3)), preference=[]) == 0
-
-
 def test_a_tie_keeps_the_preferred_plan(model, fake, monkeypatch):
     """Plans that tie on the calibration frames: the race keeps the first of
     `autotune.PREFERENCE` (the dense step with the still-frame skip), not the
@@ -438,7 +414,7 @@ def test_a_tie_keeps_the_preferred_plan(model, fake, monkeypatch):
     swing = 1e-4 * np.where(np.arange(6) % 2, 1.0, -1.0)  # frame to frame, in turns
     samples = 1e-3 + np.stack([swing, -swing, swing, -swing], axis=-1)[None].repeat(3, 0)
     samples[..., 0] -= 1e-6  # the measured plan: least by a hair
-    monkeypatch.setattr(autotune, "race_samples", lambda models, frames: samples)
+    monkeypatch.setattr("dcjax.race.race_samples", lambda models, frames: samples)
     net, variables = model
     cached = dcjax.transform(net, variables, frame_shape=SHAPE, calibration=_frames(),
                              config=dcjax.Config(tuning="measure"), progress=False)  # fmt: skip
@@ -454,7 +430,7 @@ def test_a_dense_plan_races_the_step_without_a_matcher(model, fake, monkeypatch)
     costs.update(dense=lambda f: 1e-4, xla=lambda f: 1e-2, rows=lambda f: 1e-2)
     raced = []
     for times, plan in (((2e-3, 1e-3), "nocache"), ((1e-3, 2e-3), "dense")):
-        monkeypatch.setattr(autotune, "race_samples", lambda models, frames, t=times: raced.append(
+        monkeypatch.setattr("dcjax.race.race_samples", lambda models, frames, t=times: raced.append(
             len(models)) or race_samples_of(t))  # fmt: skip
         net, variables = model
         cached = dcjax.transform(net, variables, frame_shape=SHAPE, calibration=_frames(),
@@ -474,50 +450,8 @@ def test_race_times_each_model_on_the_frames(model):
         dcjax.transform(net, variables, frame_shape=SHAPE, config=dcjax.Config(kernel=k))
         for k in ("xla", "dense")
     ]
-    times = autotune.race(models, _frames(4), rounds=1)
+    times = dcjax.race.race(models, _frames(4), rounds=1)
     assert len(times) == 2 and all(0 < t < 5 for t in times)
-
-
-class _Sleeper:
-    """A stand-in for a cached model whose step takes ``seconds`` (``factor`` times
-    as long on call number ``spike``)."""
-
-    def __init__(self, seconds, spike=None, factor=10):
-        self.seconds, self.spike, self.factor, self.calls = seconds, spike, factor, 0
-
-    def init(self):
-        return 0
-
-    def step(self, state, frame):
-        self.calls += 1
-        time.sleep(self.seconds * (self.factor if self.calls == self.spike else 1))
-        return np.zeros(1), state + 1, {}
-
-
-def test_race_runs_rounds_until_each_model_is_timed_long_enough():
-    fast, slow = _Sleeper(0.001), _Sleeper(0.002)
-    times = autotune.race([fast, slow], np.zeros((4, 2, 2, 3)), rounds=2, min_seconds=0.05,
-                          max_rounds=50)  # fmt: skip
-    assert times[0] < times[1]
-    assert 0.001 <= times[0] < 0.002 <= times[1] < 0.004
-    rounds = slow.calls // 4 - 1  # the first pass compiles
-    # 0.05 s at 8 ms a round (more per sleep on a loaded machine): about 6 rounds, far below 50
-    assert 3 <= rounds <= 8, rounds
-    assert fast.calls == slow.calls
-    capped = _Sleeper(0.001)
-    autotune.race([capped], np.zeros((4, 2, 2, 3)), rounds=1, min_seconds=10, max_rounds=3)
-    assert capped.calls == 4 * (1 + 3)
-
-
-def test_a_burst_of_load_in_one_round_does_not_decide_the_race():
-    """The faster model's step is slowed 60-fold once, in its second timed round:
-    the mean over the rounds would rank it last (about 7.9 against 6 ms a frame),
-    the median still ranks it first. The gap between the two (2 against 6 ms)
-    leaves room for the sleeps' overshoot on a loaded machine."""
-    fast, slow = _Sleeper(0.002, spike=4 * 2 + 1, factor=60), _Sleeper(0.006)
-    times = autotune.race([fast, slow], np.zeros((4, 2, 2, 3)), rounds=5, min_seconds=0)
-    assert times[0] < times[1]
-    assert fast.calls == slow.calls == 4 * 6  # the compiling pass and five rounds
 
 
 def test_calibration_reports_fractions_whatever_the_statistics_setting(model):
@@ -756,7 +690,7 @@ def test_a_cut_plan_that_wins_the_race_runs_its_kernels(model, fake, monkeypatch
         seen.append([m.tuning and m.tuning.plan for m in models])
         return race_samples_of((2e-3,) * (len(models) - 1) + (1e-3,))
 
-    monkeypatch.setattr(autotune, "race_samples", race)
+    monkeypatch.setattr("dcjax.race.race_samples", race)
     net, variables = model
     cfg = dcjax.Config(tuning="measure")
     frames = _frames()
@@ -795,7 +729,7 @@ def test_a_cut_that_ties_with_the_tuned_plan_is_kept(model, fake, monkeypatch):
         samples[..., -1] = 1e-3 - swing - 1e-6
         return samples
 
-    monkeypatch.setattr(autotune, "race_samples", race)
+    monkeypatch.setattr("dcjax.race.race_samples", race)
     net, variables = model
     cached = dcjax.transform(net, variables, frame_shape=SHAPE, calibration=_frames(),
                              config=dcjax.Config(tuning="measure"), progress=False)  # fmt: skip
@@ -808,7 +742,7 @@ def test_a_cut_that_ties_with_the_tuned_plan_is_kept(model, fake, monkeypatch):
         samples[..., -1] = 1.2e-3 + swing
         return samples
 
-    monkeypatch.setattr(autotune, "race_samples", slower)
+    monkeypatch.setattr("dcjax.race.race_samples", slower)
     cached = dcjax.transform(net, variables, frame_shape=SHAPE, calibration=_frames(),
                              config=dcjax.Config(tuning="measure"), progress=False)  # fmt: skip
     assert cached.tuning.plan == "cached" and all(cached.keeps_cache)

@@ -134,8 +134,6 @@ def test_sequential_streams_equal_the_pooled_ones():
     ("times", "schedule"), [((2.0, 1.0), "sequential"), ((1.0, 2.0), "pooled")]
 )
 def test_auto_schedule_races_the_two_on_the_calibration_frames(monkeypatch, times, schedule):
-    from dcjax import autotune
-
     module, variables = small_models.create("resnet", SIZE)
     calibration = _clip()[:, 0]
     cached = transform(
@@ -149,7 +147,7 @@ def test_auto_schedule_races_the_two_on_the_calibration_frames(monkeypatch, time
         raced.append(([m.schedule for m in models], np.asarray(frames)))
         return times
 
-    monkeypatch.setattr(autotune, "race", race)
+    monkeypatch.setattr("dcjax.race.race", race)
     streams = cached.streams(3)
     [(names, frames)] = raced
     assert names == ["pooled", "sequential"]

@@ -278,11 +278,9 @@ def test_calibration_frames_add_their_own_level_and_the_run_starts_on_it(monkeyp
     """With calibration frames, the frames' own input dirty fraction is a level:
     its plan chooses the kernels `transform` chooses for the same frames, and
     the run starts on it."""
-    from dcjax import autotune
-
     net, variables, cfg = _faked(monkeypatch, tmp_path)
     monkeypatch.setattr(  # the tuned plan wins its race
-        autotune, "race_samples",
+        "dcjax.race.race_samples",
         lambda models, frames: race_samples_of([1.0] + [2.0] * (len(models) - 1)),
     )  # fmt: skip
     rng = np.random.default_rng(3)

@@ -32,7 +32,7 @@ def fake_measurements(monkeypatch, path, costs, matcher=None):
 
 
 def race_samples_of(times, models=None, rest=None):
-    """A race's per-frame times (`autotune.race_samples`): each model the same
+    """A race's per-frame times (`dcjax.race.race_samples`): each model the same
     on every frame of three rounds, so any difference is beyond noise. With
     ``models`` (the models raced), ``times`` cut or padded with ``rest`` to one
     a model (the plans raced where they differ: the fixed rules', the cuts)."""

@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dcjax import autotune, models, video
-from dcjax.config import Config
+from dcjax.config import Config, GuardConfig
 from dcjax.eval import metrics
 from dcjax.eval.methods import state_bytes
 from dcjax.eval.registry import ModelSpec, Runner, make_runner, parse_method
@@ -177,7 +177,7 @@ def _onnx_spec(
         fps=fps,
         boxes=onnx_info.boxes,
         heatmap=onnx_info.heatmap,
-        guard=onnx_info.guard,
+        guard=None if onnx_info.guard is None else GuardConfig(**onnx_info.guard),
     )
 
 

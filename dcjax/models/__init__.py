@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
-from pathlib import Path
 
 from dcjax.models import onnx_zoo
+from dcjax.models.onnx_files import ONNX_FILES, from_onnx, onnx_file
 from dcjax.models.registry import (
     ModelInfo,
     abstract_variables,
@@ -70,32 +70,6 @@ def imagenet_labels() -> tuple[str, ...]:
     if len(labels) != 1000:
         raise RuntimeError(f"dcjax: expected 1000 ImageNet labels, found {len(labels)}")
     return labels
-
-
-#: The real ONNX models that ship with dcjax (``dcjax/models/data/onnx``, each
-#: with its licence): CenterFace and MTCNN's three networks.
-ONNX_FILES: tuple[str, ...] = ("centerface", "pnet", "rnet", "onet")
-
-
-def onnx_file(name: str) -> Path:
-    """The path of a bundled ONNX model (one of `ONNX_FILES`)."""
-    if name not in ONNX_FILES:
-        raise ValueError(f"dcjax: no bundled ONNX model {name!r}; choose one of {ONNX_FILES}")
-    return Path(str(importlib.resources.files(__name__).joinpath(f"data/onnx/{name}.onnx")))
-
-
-def from_onnx(path, input_shape=None):
-    """``(fn, params)``: the ONNX model in ``path`` as ``fn(params, x)``, ``x`` NHWC
-    (see `dcjax.models.onnx.graph.from_onnx`). Needs ``pip install 'dcjax[onnx]'``."""
-    try:
-        from dcjax.models.onnx import from_onnx as _from_onnx
-    except ModuleNotFoundError as e:
-        if e.name != "onnx":
-            raise
-        raise ModuleNotFoundError(
-            "dcjax: importing ONNX models needs the onnx package: pip install 'dcjax[onnx]'"
-        ) from None
-    return _from_onnx(path, input_shape)
 
 
 def has_weights(name: str) -> bool:

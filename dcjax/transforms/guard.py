@@ -41,15 +41,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from dcjax._checks import check as _check
+
 __all__ = ["LAYOUTS", "GuardConfig", "cells", "map_stride", "region"]
 
 #: How a guarded score map lays out its axes.
 LAYOUTS = ("NHWC", "NCHW")
-
-
-def _check(cond: bool, message: str) -> None:
-    if not cond:
-        raise ValueError(f"dcjax: {message}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

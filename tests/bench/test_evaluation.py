@@ -46,7 +46,6 @@ def test_a_plan_raced_on_one_clip_is_raced_again_on_the_next(monkeypatch, tmp_pa
     """A runner of the fixed rules' kernels serves every clip of its size, but
     one whose plans raced on a clip's first frames (and kept the fixed rules'
     plan there) is made afresh for the next clip: its race may go otherwise."""
-    from dcjax import autotune
     from tests.tuning_fakes import fake_measurements, race_samples_of
 
     costs = {"dense": lambda f: 1e-3, "xla": lambda f: 1e-4 + 5e-4 * f, "rows": lambda f: 2e-3}
@@ -57,7 +56,7 @@ def test_a_plan_raced_on_one_clip_is_raced_again_on_the_next(monkeypatch, tmp_pa
         raced.append(len(models))
         return race_samples_of((2.0, 3.0, 3.0, 1.0), models, rest=4.0)
 
-    monkeypatch.setattr(autotune, "race_samples", race)
+    monkeypatch.setattr("dcjax.race.race_samples", race)
     made = []
     make_runner = harness.make_runner
     monkeypatch.setattr(harness, "make_runner", lambda spec, name, opts: made.append(

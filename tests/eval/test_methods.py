@@ -244,7 +244,6 @@ def test_the_timed_twin_runs_the_plan_the_reporting_runner_raced_to(
     plan's times and outputs with another's statistics."""
     import dataclasses
 
-    from dcjax import autotune
     from dcjax.eval.registry import make_runner
     from tests.tuning_fakes import fake_measurements, race_samples_of
 
@@ -254,7 +253,7 @@ def test_the_timed_twin_runs_the_plan_the_reporting_runner_raced_to(
     # after the others where they differ)
     verdicts = iter([(1.0, 2.0, 3.0), (3.0, 2.0, 1.0)])
     monkeypatch.setattr(
-        autotune, "race_samples",
+        "dcjax.race.race_samples",
         lambda models, frames, *a, **k: race_samples_of(next(verdicts), models, rest=4.0),
     )  # fmt: skip
     calibrated = dataclasses.replace(spec, calibration=np.asarray(clip))
