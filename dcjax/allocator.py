@@ -27,7 +27,7 @@ import functools
 import os
 import platform
 
-__all__ = ["DEFAULT_TOP_PAD", "PAD_ENV", "configured_pad", "keep_freed_memory"]
+__all__ = ["DEFAULT_TOP_PAD", "PAD_ENV", "configured_pad", "current_pad", "keep_freed_memory"]
 
 #: The pad the ``dcjax`` command asks for (bytes). Measured on MobileNetV2 at
 #: 576x768, whose cached step frees and requests about 54 MB a frame: 32 MB left
@@ -68,6 +68,12 @@ def keep_freed_memory(nbytes: int = DEFAULT_TOP_PAD) -> bool:
         return False
     _set["pad"] = nbytes
     return True
+
+
+def current_pad() -> int:
+    """The pad this process has set (bytes; 0 where `keep_freed_memory` never
+    raised it): a condition of every timing the process makes on CPU."""
+    return _set["pad"]
 
 
 def configured_pad() -> int:

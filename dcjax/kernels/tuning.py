@@ -16,8 +16,8 @@ Contract:
   form one centred rectangle covering the fraction (DeepCache's masks are
   blobs). Each candidate is compiled once; the mask is an argument.
 - `TuningCache` keeps measurements in a JSON file keyed by the machine
-  (`machine_key`: backend, device kind or processor model, cores, jax and
-  jaxlib versions) and
+  (`machine_key`: backend, device kind or processor model, cores, on CPU the
+  allocator's heap pad, jax and jaxlib versions) and
   the layer's geometry (`layer_key`), so a layer is measured once per machine
   and software; `default_path` says where the file lives.
 - `expected_cost(costs, fraction, refresh_every)` is the mean cost a frame of
@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dcjax.allocator import current_pad
 from dcjax.kernels import auto as _auto
 from dcjax.kernels import lowering as _lowering
 from dcjax.kernels import rows as _rows
@@ -291,15 +292,22 @@ def expected_cost(
 def machine_key() -> str:
     """What a measurement depends on besides the layer: backend, device kind
     (on CPU, the processor's model, `cpu_model`: XLA's device kind is ``"cpu"``
-    on every processor), cores this process may use, jax and jaxlib versions."""
+    on every processor), cores this process may use, jax and jaxlib versions,
+    and on CPU the freed heap memory the allocator keeps
+    (`dcjax.allocator.current_pad`: without it XLA:CPU's buffers fault their
+    pages in on every call, which slows large dense layers several-fold, so
+    the ``dcjax`` command and a program that leaves the allocator alone keep
+    their own measurements)."""
     import jaxlib
 
     backend = jax.default_backend()
     kind = str(getattr(jax.devices()[0], "device_kind", "?"))
+    parts = [backend, kind, f"{cores()} cores"]
     if backend == "cpu":
-        kind = f"{kind} {cpu_model()}"
+        parts[1] = f"{kind} {cpu_model()}"
+        parts.append(f"heap pad {current_pad() >> 20} MiB")
     versions = f"jax {jax.__version__}", f"jaxlib {jaxlib.__version__}"
-    return "|".join((backend, kind, f"{cores()} cores", *versions))
+    return "|".join((*parts, *versions))
 
 
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:

@@ -4,6 +4,7 @@ expected costs, the measurements' file, and the choice made from them."""
 import json
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -212,3 +213,22 @@ def test_measurements_are_kept_per_processor_model(monkeypatch, tmp_path):
     cache.put(amd, key, "dense", (1.0,) * len(kt.FRACTIONS))
     assert cache.get(intel, key, "dense") is None  # the Xeon measures its own
     assert cache.get(amd, key, "dense") == (1.0,) * len(kt.FRACTIONS)
+
+
+def test_measurements_are_kept_per_heap_pad(monkeypatch, tmp_path):
+    """Without the allocator's pad XLA:CPU faults its buffers' pages in on every
+    call, which changes large layers' timings several-fold: the ``dcjax``
+    command (which sets the pad) and a program that does not keep their own."""
+    from dcjax import allocator
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("the heap pad is a condition of CPU timings only")
+    monkeypatch.setitem(allocator._set, "pad", 0)
+    bare = kt.machine_key()
+    monkeypatch.setitem(allocator._set, "pad", 256 << 20)
+    padded = kt.machine_key()
+    assert bare != padded and "heap pad 256 MiB" in padded and "heap pad 0 MiB" in bare
+    cache = kt.TuningCache(tmp_path / "t.json")
+    key = kt.layer_key(_layer(), jnp.float32)
+    cache.put(bare, key, "dense", (1.0,) * len(kt.FRACTIONS))
+    assert cache.get(padded, key, "dense") is None
