@@ -295,28 +295,34 @@ def profile_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> i
     path = common.check_video(sub, "VIDEO", args.video, args.start, need=PROFILE_WARMUP + 1)
     common.check_output(sub, "--json", args.json)
     size = _input_size(sub, args, args.model, path, args.video)
-    from dcjax.eval import harness, profile, registry
+    from dcjax.eval import harness, methods, profile, registry
 
     spec, _ = common.load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=10.0,
                                input_size=size)  # fmt: skip
     frames = _load(path, spec, args, frames=args.frames, start=args.start)
     spec = harness.calibrated(spec, frames)  # the plan that bench and run would race to
-    results = []
+    results, plans = [], {}
     todo = common.progress(args.methods, desc=f"profiling {args.model}", unit="method",
                            quiet=args.no_progress)  # fmt: skip
     for spec_text in todo:
         with common.method_errors(sub, "--methods"):
             runner = registry.make_runner(spec, *registry.parse_method(spec_text))
+        if runner.cached is not None:  # the plan the race kept, as bench records it
+            plans[spec_text] = methods.tuning_dict(runner.cached)
         runner = runner.timed() if runner.timed is not None else runner  # what bench times
         try:
             results.append((spec_text, profile.profile(runner, frames, warmup=PROFILE_WARMUP)))
         except ValueError as e:
             sub.error(f"argument --methods: {e}")
     print(_profile_table(results))
+    for m, tuning in plans.items():
+        cut = f" (layers dirty {tuning['cut']:.0%} or more in full)" if "cut" in tuning else ""
+        print(f"{m}: plan {tuning['plan']}{cut}")
     if args.json:
         shape = [int(d) for d in spec.frame_shape]
         out = [{"model": args.model, "video": args.video, "method": m, "frame_shape": shape,
-                **p.as_dict()} for m, p in results]  # fmt: skip
+                **({"tuning": plans[m]} if m in plans else {}), **p.as_dict()}
+               for m, p in results]  # fmt: skip
         common.write_json(args.json, out)
         print(f"wrote {args.json}")
     return 0

@@ -7,7 +7,7 @@ import os
 
 import jax
 
-from dcjax import cli, models, video
+from dcjax import autotune, cli, models, video
 from dcjax.cli import app, subcommands
 from dcjax.eval import metrics, registry
 from tests.cli import TINY
@@ -75,6 +75,10 @@ def test_profile_prints_where_the_time_goes_and_writes_json(tmp_path, capsys, mo
     assert "wall time (median)" in out and "dcjax.match" in out
     records = json.loads(js.read_text())
     assert [r["method"] for r in records] == ["nocache", "deepcache"]
+    # the plan each cached method ran, as the race kept it
+    tuned = [r for r in records if "tuning" in r]
+    assert tuned and all(r["tuning"]["plan"] in autotune.PLANS + ("prior",) for r in tuned)
+    assert all(f"{r['method']}: plan {r['tuning']['plan']}" in out for r in tuned)
     for r in records:
         assert r["model"] == "dave" and r["frames"] == 2 and r["wall_ms"] > 0
         assert any(g.startswith("Dave/conv") for g in r["groups"]) and r["total_ms"] > 0
