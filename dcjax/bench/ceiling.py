@@ -63,7 +63,7 @@ def _rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """``dcjax bench ceiling``; returns the exit status (bad arguments exit with status 2)."""
     from dcjax import models
-    from dcjax.eval import harness
+    from dcjax.eval import specs
 
     ap = program_parser("ceiling", __doc__)
     ap.add_argument("--model", default="efficientnet_lite0", help="zoo model")
@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     want = args.pretrained == "yes" or (args.pretrained == "auto" and has_weights
                                         and args.width == 1.0)  # fmt: skip
-    spec = harness.model_spec(args.model, pretrained=want, width=args.width)
+    spec = specs.model_spec(args.model, pretrained=want, width=args.width)
     # a video that breaks part way runs on the frames decoded before the break
     frames = load_clip(path, spec.frame_shape, frames=args.frames, start=args.start)
     weights = "pretrained" if want else "random-weight"

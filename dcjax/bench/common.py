@@ -238,10 +238,10 @@ def check_input_size(
     source: str = "",
 ) -> None:
     """A frame size (H, W) zoo ``model`` can be built for
-    (`dcjax.eval.harness.input_size_error`: any size that leaves each layer a
+    (`dcjax.eval.specs.input_size_error`: any size that leaves each layer a
     pixel), else a one-line error naming ``arg``, ``source`` (e.g. the video
     whose size it is) first, and the nearest size the model takes."""
-    from dcjax.eval.harness import input_size_error
+    from dcjax.eval.specs import input_size_error
 
     problem = input_size_error(model, size, width=width)
     if problem is not None:
@@ -321,7 +321,7 @@ def load_spec(
 ):
     """The model a command runs, built for ``input_size`` frames (None: its
     published input), and whether its weights are pretrained."""
-    from dcjax.eval.harness import model_spec
+    from dcjax.eval.specs import model_spec
 
     if pretrained and width != 1.0:
         pretrained = False

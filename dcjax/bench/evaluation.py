@@ -32,7 +32,7 @@ import numpy as np
 
 from dcjax import matching, models, video
 from dcjax.config import RefineConfig
-from dcjax.eval import harness
+from dcjax.eval import harness, specs
 from dcjax.eval import profile as profile_lib
 
 __all__ = [
@@ -248,7 +248,7 @@ def run_bench(
             if size is not None:
                 size = (int(size[0]), int(size[1]))
             if size not in bases:
-                bases[size] = harness.model_spec(name, pretrained=use_pretrained, width=width,
+                bases[size] = specs.model_spec(name, pretrained=use_pretrained, width=width,
                                                  fps=fps, input_size=size)  # fmt: skip
             base = bases[size]
             spec = base if fps == base.fps else dataclasses.replace(base, fps=fps)

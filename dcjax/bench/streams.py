@@ -272,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = ap.parse_args(argv)
     from dcjax import models
-    from dcjax.eval import harness
+    from dcjax.eval import specs
 
     check_model(ap, "--model", args.model)
     path = check_video(ap, "--video", args.video, args.start, need=args.frames)
@@ -285,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     has = models.has_weights(args.model) and args.width == 1.0
     if args.pretrained == "yes" and not has:
         ap.error(f"argument --pretrained: no pretrained weights for {args.model} at this width")
-    spec = harness.model_spec(
+    spec = specs.model_spec(
         args.model, pretrained=args.pretrained == "yes" or (args.pretrained == "auto" and has),
         width=args.width, input_size=hw,
     )  # fmt: skip

@@ -27,7 +27,7 @@ Subcommands:
 published input unless ``--size HxW`` builds the model for frames of that
 size (decoded at it) or ``--native`` for each video's own size (not resized);
 every zoo model takes any size that leaves each layer a pixel
-(`dcjax.eval.harness.input_size_error`), and the records say the
+(`dcjax.eval.specs.input_size_error`), and the records say the
 ``frame_shape`` they ran at.
 
 A bad argument is reported on one line, naming the argument, with exit

@@ -139,7 +139,7 @@ def _input_size(sub, args, model: str, path: str, label: str) -> tuple[int, int]
 
 
 def models_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from dcjax.eval.harness import zoo_table
+    from dcjax.eval.specs import zoo_table
 
     rows = zoo_table()
     print(common.table([

@@ -36,9 +36,10 @@ from dcjax.eval import (
     semantic_methods,
     switching_method,
 )
-from dcjax.eval.harness import Evaluation, evaluate, load_frames, model_spec
+from dcjax.eval.harness import Evaluation, evaluate, load_frames
 from dcjax.eval.metrics import check_record, make_record
 from dcjax.eval.registry import METHODS, ModelSpec, Runner, register_method
+from dcjax.eval.specs import model_spec
 
 __all__ = [
     "METHODS",

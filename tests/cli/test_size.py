@@ -1,7 +1,7 @@
 """``--size HxW`` and ``--native``: the frame size ``run``, ``bench`` and ``demo`` run at.
 
 Every zoo model takes any size that leaves each of its layers a pixel, whether
-or not its strides divide it (`dcjax.eval.harness.input_size_error`); smaller
+or not its strides divide it (`dcjax.eval.specs.input_size_error`); smaller
 sizes are refused, naming the nearest size the model takes.
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 from dcjax import cli, video
 from dcjax.bench import common
-from dcjax.eval import harness
+from dcjax.eval import harness, specs
 from tests.cli import TINY
 
 #: The bundled clip's own size.
@@ -27,7 +27,7 @@ def sizes(monkeypatch):
     """What the command built and decoded: (input_size asked, the model's frame
     shape) per model built, (frame_shape asked, shape decoded) per clip."""
     built, decoded = [], []
-    model_spec, load_frames = harness.model_spec, harness.load_frames
+    model_spec, load_frames = specs.model_spec, harness.load_frames
 
     def spec(*args, **kwargs):
         out = model_spec(*args, **kwargs)
@@ -39,7 +39,7 @@ def sizes(monkeypatch):
         decoded.append((frame_shape, out.shape[1:]))
         return out
 
-    monkeypatch.setattr(harness, "model_spec", spec)
+    monkeypatch.setattr(specs, "model_spec", spec)
     monkeypatch.setattr(harness, "load_frames", frames)
     return built, decoded
 
@@ -175,7 +175,7 @@ def test_sizes_too_small_for_the_model_exit_2_before_it_loads(
 ):
     monkeypatch.chdir(bad_videos)
     monkeypatch.setattr(common, "load_spec", None)  # checked before any model loads
-    monkeypatch.setattr(harness, "model_spec", None)
+    monkeypatch.setattr(specs, "model_spec", None)
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)
     assert exc.value.code == 2

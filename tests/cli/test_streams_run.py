@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dcjax import cli, video
-from dcjax.eval import harness
+from dcjax.eval import harness, specs
 
 SIZE = ["--size", "64x64"]
 MODEL = ["--model", "dave", "--width", "0.25", "--no-progress"]
@@ -38,7 +38,7 @@ def test_a_video_that_ends_early_finishes_and_the_others_go_on(tmp_path, short_c
     got = np.load(outputs)
     assert got["stream0"].shape[0] == 6 and got["stream1"].shape[0] == 3
     # the first frame of each stream is computed in full: the plain model's output
-    spec = harness.model_spec("dave", width=0.25, input_size=(64, 64))
+    spec = specs.model_spec("dave", width=0.25, input_size=(64, 64))
     for name, clip in (("stream0", "vtest"), ("stream1", str(short_clip))):
         first = harness.load_frames(clip, spec.frame_shape, frames=1)[0]
         want = np.asarray(spec.apply(first)).reshape(got[name][0].shape)

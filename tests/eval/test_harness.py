@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dcjax.bench.common import write_json
-from dcjax.eval import harness, metrics, registry
+from dcjax.eval import harness, metrics, registry, specs
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +160,7 @@ def test_load_frames_keeps_what_decoded_before_a_break(tmp_path):
 
 
 def test_calibrated_takes_the_streams_first_frames_unless_the_spec_has_its_own():
-    spec = harness.model_spec("dave", width=0.25, input_size=(64, 64))
+    spec = specs.model_spec("dave", width=0.25, input_size=(64, 64))
     frames = np.arange(20 * 4).reshape(20, 1, 2, 2).astype(np.uint8)
     got = harness.calibrated(spec, frames)
     np.testing.assert_array_equal(got.calibration, frames[: harness.CALIBRATION_FRAMES])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dcjax.bench import evaluation
-from dcjax.eval import harness, plots, report
+from dcjax.eval import plots, report, specs
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_pareto_plot_places_mil_by_its_threshold(bench_result):
 def test_zoo_table_lists_the_zoo():
     from dcjax import models
 
-    rows = harness.zoo_table()
+    rows = specs.zoo_table()
     assert [r["name"] for r in rows] == [*models.names(), *models.onnx_zoo.names()]
     alex = next(r for r in rows if r["name"] == "alexnet")
     assert alex["convs"] == 5 and 1.0e9 < alex["conv_flops"] < 1.5e9 and alex["source"] == "flax"
