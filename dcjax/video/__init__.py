@@ -23,8 +23,9 @@ from dcjax.video.errors import (
     VideoError,
     VideoNotFoundError,
 )
-from dcjax.video.io import VideoInfo, VideoReader, check_writable, info, read, write
+from dcjax.video.io import VideoInfo, VideoReader, info, read
 from dcjax.video.synthetic import SyntheticVideo, camera_motion
+from dcjax.video.writer import check_writable, write
 
 __all__ = [
     "Clip",
