@@ -135,14 +135,20 @@ class Tuning:
         """Per layer, the chosen kernel (None where not tuned), as `make_plan` takes them."""
         return tuple(None if t is None else t.choice for t in self.layers)
 
+    @property
+    def label(self) -> str:
+        """The plan in words: ``"plan cached"``, or for a cut
+        ``"plan cut (layers dirty 25% or more in full)"``."""
+        cut = "" if self.cut is None else f" (layers dirty {self.cut:.0%} or more in full)"
+        return f"plan {self.plan}{cut}"
+
     def summary(self) -> str:
         """One line: the plan, the kernels chosen and the expected saving."""
         names = [t.choice.impl for t in self.layers if t is not None]
         counts = ", ".join(f"{n} {names.count(n)}" for n in sorted(set(names)))
         measured = "measured kernels" if self.plan == "prior" else "kernels"
-        cut = "" if self.cut is None else f" (layers dirty {self.cut:.0%} or more in full)"
         return (
-            f"plan {self.plan}{cut}: {measured} {counts or 'none'}; "
+            f"{self.label}: {measured} {counts or 'none'}; "
             + ("" if self.lowerings is None else self.lowerings.summary() + "; ")
             + "expected saving "
             f"{self.saving * 1e3:.2f} ms a frame against {self.overhead * 1e3:.2f} ms of "

@@ -7,6 +7,7 @@ are not run and do not count.
 """
 
 import ast
+import functools
 import pathlib
 
 import pytest
@@ -56,13 +57,14 @@ def _imports(path: pathlib.Path) -> set[str]:
     return found
 
 
-def _graph() -> dict[str, set[str]]:
+@functools.cache
+def _graph() -> dict[str, frozenset[str]]:
     modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
     graph = {}
     for name, path in modules.items():
         # `from dcjax.x import y` imports module dcjax.x.y where y is one, else dcjax.x
         deps = {d if d in modules else d.rsplit(".", 1)[0] for d in _imports(path)}
-        graph[name] = {d for d in deps if d != name and d in modules}
+        graph[name] = frozenset(d for d in deps if d != name and d in modules)
     return graph
 
 

@@ -301,7 +301,7 @@ def profile_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> i
                                input_size=size)  # fmt: skip
     frames = _load(path, spec, args, frames=args.frames, start=args.start)
     spec = harness.calibrated(spec, frames)  # the plan that bench and run would race to
-    results, plans = [], {}
+    results, plans, labels = [], {}, {}
     todo = common.progress(args.methods, desc=f"profiling {args.model}", unit="method",
                            quiet=args.no_progress)  # fmt: skip
     for spec_text in todo:
@@ -309,15 +309,16 @@ def profile_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> i
             runner = registry.make_runner(spec, *registry.parse_method(spec_text))
         if runner.cached is not None:  # the plan the race kept, as bench records it
             plans[spec_text] = methods.tuning_dict(runner.cached)
+            tuning = runner.cached.tuning
+            labels[spec_text] = "plan prior" if tuning is None else tuning.label
         runner = runner.timed() if runner.timed is not None else runner  # what bench times
         try:
             results.append((spec_text, profile.profile(runner, frames, warmup=PROFILE_WARMUP)))
         except ValueError as e:
             sub.error(f"argument --methods: {e}")
     print(_profile_table(results))
-    for m, tuning in plans.items():
-        cut = f" (layers dirty {tuning['cut']:.0%} or more in full)" if "cut" in tuning else ""
-        print(f"{m}: plan {tuning['plan']}{cut}")
+    for m, label in labels.items():
+        print(f"{m}: {label}")
     if args.json:
         shape = [int(d) for d in spec.frame_shape]
         out = [{"model": args.model, "video": args.video, "method": m, "frame_shape": shape,

@@ -302,12 +302,12 @@ def machine_key() -> str:
 
     backend = jax.default_backend()
     kind = str(getattr(jax.devices()[0], "device_kind", "?"))
-    parts = [backend, kind, f"{cores()} cores"]
+    setting: tuple[str, ...] = ()
     if backend == "cpu":
-        parts[1] = f"{kind} {cpu_model()}"
-        parts.append(f"heap pad {current_pad() >> 20} MiB")
+        kind = f"{kind} {cpu_model()}"
+        setting = (f"heap pad {current_pad() >> 20} MiB",)
     versions = f"jax {jax.__version__}", f"jaxlib {jaxlib.__version__}"
-    return "|".join((*parts, *versions))
+    return "|".join((backend, kind, f"{cores()} cores", *setting, *versions))
 
 
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
