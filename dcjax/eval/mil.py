@@ -53,8 +53,8 @@ from dcjax.eval.registry import (
 from dcjax.transforms.analysis import analyze
 from dcjax.transforms.interpreter import Policy, evaluate
 from dcjax.transforms.motion import FrameContext
+from dcjax.transforms.recognisers import conv_window
 from dcjax.transforms.regions import and_pool
-from dcjax.transforms.signature_rules import conv_window
 from dcjax.transforms.spatial import Spatial
 from dcjax.transforms.trace import trace_model
 

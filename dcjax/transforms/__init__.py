@@ -6,8 +6,10 @@ What the subpackage offers, lowest first:
   closed jaxpr with the frame as its last input (`TracedModel`).
 - `spatial`: `Spatial`, a variable's spatial signature (where the frame's H
   and W are, their sizes, the stride relative to the frame).
+- `recognisers`: an operation's geometry along H and W (a windowed op's
+  `Window`, a constant gather's `Pick`, a resampling matrix's `LinearMap`).
 - `signature_rules`: one rule per primitive deriving the outputs' signatures
-  (`SIGNATURE_RULES`), and the geometry recognisers (windows, resampling).
+  (`SIGNATURE_RULES`).
 - `calls`: the call-like primitives whose sub-jaxpr is analysed in place.
 - `records`: the analysis records `Analysis`, `EqnInfo`, `Layer` (a reused
   convolution) and `DenseLayer` (a fully connected layer).

@@ -24,8 +24,9 @@ from jax.extend.core import primitives as P
 from dcjax.transforms import variation
 from dcjax.transforms.calls import sub_jaxpr
 from dcjax.transforms.patterns import find_epilogues, is_dense
+from dcjax.transforms.recognisers import conv_window
 from dcjax.transforms.records import Analysis, DenseLayer, EqnInfo, Layer
-from dcjax.transforms.signature_rules import SIGNATURE_RULES, NoRule, conv_window
+from dcjax.transforms.signature_rules import SIGNATURE_RULES, NoRule
 from dcjax.transforms.spatial import Spatial, first_spatial
 
 __all__ = ["analyze", "conv_flops", "dot_flops"]

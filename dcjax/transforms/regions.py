@@ -40,8 +40,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import primitives as P
 
-from dcjax.transforms import signature_rules as S
+from dcjax.transforms import recognisers as R
 from dcjax.transforms._registry import registrar
+from dcjax.transforms.signature_rules import ELEMENTWISE
 from dcjax.transforms.spatial import Spatial, first_spatial
 
 Mask = Any  # True (static), a bool scalar array, or a bool (H_v, W_v) array
@@ -109,7 +110,7 @@ def _combine(ctx, in_sigs, out_sig, masks) -> Mask:
 #: the operands' pixels in place, or lose H and W): their masks are ANDs,
 #: re-indexed, and they need no in-range test of their own.
 PASSTHROUGH = frozenset([
-    *S.ELEMENTWISE, P.broadcast_in_dim_p, P.transpose_p, P.squeeze_p, P.concatenate_p,
+    *ELEMENTWISE, P.broadcast_in_dim_p, P.transpose_p, P.squeeze_p, P.concatenate_p,
     lax.split_p, P.reduce_sum_p, P.reduce_max_p, P.reduce_min_p, P.reduce_prod_p,
     P.reduce_and_p, P.reduce_or_p, P.reduce_xor_p, P.argmax_p, P.argmin_p, P.reduce_p,
     P.cumsum_p, P.cumprod_p, P.cummax_p, P.cummin_p, P.cumlogsumexp_p, P.rev_p, P.sort_p,
@@ -164,7 +165,7 @@ def _slice(ctx, eqn, in_sigs, out_sigs, masks, *, start_indices, limit_indices, 
     return [m]
 
 
-def and_pool(ctx, mask: jax.Array, win: S.Window, sig: Spatial, out: Spatial) -> jax.Array:
+def and_pool(ctx, mask: jax.Array, win: R.Window, sig: Spatial, out: Spatial) -> jax.Array:
     """Output pixels whose whole input window is reusable.
 
     Padding counts as reusable only along an axis whose shift is zero (padding
@@ -227,7 +228,7 @@ def _conv(ctx, eqn, in_sigs, out_sigs, masks, **_):
     sig, out = in_sigs[0], out_sigs[0]
     if out is None:
         return [_combine(ctx, in_sigs, None, masks)]
-    m = and_pool(ctx, as_2d(masks[0], sig), S.conv_window(eqn, sig), sig, out)
+    m = and_pool(ctx, as_2d(masks[0], sig), R.conv_window(eqn, sig), sig, out)
     return [and_all([m, masks[1]])]
 
 
@@ -237,7 +238,7 @@ def _reduce_window(ctx, eqn, in_sigs, out_sigs, masks, **_):
     out = out_sigs[0]
     if out is None:
         return [_combine(ctx, in_sigs, None, masks) for _ in out_sigs]
-    win = S.reduce_window_window(eqn, sig)
+    win = R.reduce_window_window(eqn, sig)
     m = and_pool(ctx, as_2d(and_all(masks), sig), win, sig, out)
     return [m for _ in out_sigs]
 
@@ -251,7 +252,7 @@ def _dot_general(ctx, eqn, in_sigs, out_sigs, masks, *, dimension_numbers, opera
     contracted = set(lc) | set(lb) if side == 0 else set(rc) | set(rb)
     if out is None or not set(in_sigs[side].axes) & contracted:
         return [_combine(ctx, in_sigs, out, masks)]
-    lm, _ = S.linear_map(eqn, in_sigs, operands)
+    lm, _ = R.linear_map(eqn, in_sigs, operands)
     support = jnp.asarray(lm.weights != 0, jnp.float32)  # (n_in, n_out)
     bad = jnp.tensordot((~masks[side]).astype(jnp.float32), support, ((lm.axis,), (0,)))
     m = jnp.moveaxis(bad, -1, lm.axis) < 0.5
@@ -266,7 +267,7 @@ def _dot_general(ctx, eqn, in_sigs, out_sigs, masks, *, dimension_numbers, opera
 def _gather(ctx, eqn, in_sigs, out_sigs, masks, *, operands, **_):
     """Nearest resampling along one axis: repeat or pick the mask's rows."""
     sig = in_sigs[0]
-    pick, _ = S.gather_pick(eqn, sig, operands[1])
+    pick, _ = R.gather_pick(eqn, sig, operands[1])
     m = masks[0]
     if pick.repeat > 1:
         m = jnp.repeat(m, pick.repeat, axis=pick.axis)
