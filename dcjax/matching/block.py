@@ -42,35 +42,12 @@ the loop over the moving blocks (and, on frames where more blocks move than
 the compacted search has slots for, the window search of every block).
 
 **Zero-motion prejudgement** (``prejudge=True``, what `dcjax.deepcache` asks
-for by default), the early termination at the zero vector of video encoders'
-fast searches: from a zero start (``init_motion`` (0, 0)) every block is first
-scored at the zero vector and at its four one-pixel neighbours (the small
-diamond) by five passes over the planes; when more than half of all blocks
-pass the threshold at zero and cost no more there than at any neighbour, the
-global motion is zero, every block's vector is zero, their PSNRs there are
-Step 4's, and nothing is searched. Otherwise Steps 2-4 run as above, and a
-frame the prejudgement does not settle pays its five passes on top of the
-search's (which scores the same vectors again). Every matched block still
-passes the threshold at the motion it is reused with.
-The diamond search would also end at zero for most of those blocks (its early
-settling, above, needs them to beat the large diamond as well); where a block
-beats its four neighbours but not a vector two pixels away (periodic
-texture), the prejudgement keeps zero. The neighbours are what keeps a pan
-from being taken for a still scene: with the zero pass alone, a 3-pixel pan
-over a photo's smooth areas passed the default 20 dB threshold in more than
-half of its blocks. On a fixed camera (vtest at 224x224 on the 2-core
-development CPU; jitted, medians of 79 calls interleaved with the search's,
-in four processes) the matcher took 0.41-0.57 ms against 0.59-0.79 ms for the
-search, times that are mostly the fixed cost of calling a compiled program
-from Python (a later check on a 2-core Intel machine: a program folded to
-constants 0.57 ms, the prejudged match 0.58, the search 0.77), so the passes
-themselves cost tens of microseconds; in EfficientNet-Lite0's cached step
-over vtest, 0.21 ms a frame less
-(median of 198 paired frames). The passes run inside a loop of one trip (zero
-from a nonzero start): besides skipping them after a moving frame, that
-materialises the planes, whose computation in the caller's program (the
-frame's luma, from interleaved colours) XLA would otherwise fuse into each of
-the five passes (in that step, 8 fusions read the frame, against 3).
+for by default; `dcjax.matching.prejudge`): from a zero start every block is
+first scored at the zero vector and its four one-pixel neighbours; when more
+than half of all blocks pass the threshold at zero and cost no more there
+than at any neighbour, the global motion is zero, every block's vector is
+zero, their PSNRs there are Step 4's, and nothing is searched. Otherwise
+Steps 2-4 run as above.
 
 ``psnr_threshold=inf`` matches nothing. Blocks that were not searched
 (``k_skip > 1``) report the global motion as their vector.
@@ -91,8 +68,10 @@ import numpy as np
 from jax import lax
 
 from dcjax._loops import run_if, skipping_pays
+from dcjax.matching import prejudge as _prejudge
 from dcjax.matching import search as _search
 from dcjax.matching import steady as _steady
+from dcjax.matching.grid import admissible_vectors, scatter_grid, searched_blocks
 from dcjax.matching.static import (
     _plane,
     block_counts_np,
@@ -108,49 +87,6 @@ DEFAULT_SEARCH_RANGE = 7
 DEFAULT_MAX_STEPS = 8
 # Step 3: vectors farther than this (per axis) from the most frequent one are outliers.
 INLIER_RADIUS = 1
-
-
-def _geometry(h: int, w: int, bs: int, k: int, r: int, pad: int):
-    """Static per-block geometry of the searched blocks (NumPy)."""
-    nby, nbx = math.ceil(h / bs), math.ceil(w / bs)
-    iy = np.arange(0, nby, k)
-    ix = np.arange(0, nbx, k)
-    gy, gx = np.meshgrid(iy, ix, indexing="ij")
-    y0, x0 = (gy * bs).ravel(), (gx * bs).ravel()
-    hb = np.minimum(bs, h - y0)
-    wb = np.minimum(bs, w - x0)
-    lo = np.stack([np.maximum(-r, -y0), np.maximum(-r, -x0)])
-    hi = np.stack([np.minimum(r, h - y0 - hb), np.minimum(r, w - x0 - wb)])
-    corners = np.stack([y0 + pad, x0 + pad])
-    return (nby, nbx), (iy, ix), corners.astype(np.int32), lo.astype(np.int32), hi.astype(np.int32)
-
-
-def _all_bounds(h: int, w: int, bs: int) -> tuple[np.ndarray, np.ndarray]:
-    """Admissible vectors of every block without a range limit: (lo, hi), (nby, nbx, 2)."""
-    nby, nbx = math.ceil(h / bs), math.ceil(w / bs)
-    y0 = np.arange(nby) * bs
-    x0 = np.arange(nbx) * bs
-    hb = np.minimum(bs, h - y0)
-    wb = np.minimum(bs, w - x0)
-    lo = np.stack(np.broadcast_arrays(-y0[:, None], -x0[None, :]), -1)
-    hi = np.stack(np.broadcast_arrays((h - y0 - hb)[:, None], (w - x0 - wb)[None, :]), -1)
-    return lo.astype(np.int32), hi.astype(np.int32)
-
-
-def _scatter_grid(full: jax.Array, part: jax.Array, k: int) -> jax.Array:
-    """Write the searched blocks' values ``part`` into every ``k``-th row and column.
-
-    A select against the upsampled values rather than a scatter: XLA:CPU runs
-    it as one fused loop.
-    """
-    if k == 1:
-        return part.astype(full.dtype)
-    nby, nbx = full.shape[:2]
-    up = jnp.repeat(jnp.repeat(part, k, 0), k, 1)[:nby, :nbx]
-    searched = np.zeros((nby, nbx), bool)
-    searched[::k, ::k] = True
-    searched = searched.reshape(nby, nbx, *([1] * (full.ndim - 2)))
-    return jnp.where(searched, up.astype(full.dtype), full)
 
 
 def _global_motion(vectors: jax.Array, ok: jax.Array, r: int) -> jax.Array:
@@ -242,7 +178,7 @@ def _block_match(
     else:
         margin = 0
     pad = r + margin
-    (nby, nbx), (iy, ix), corners, lo, hi = _geometry(h, w, bs, k, r, pad)
+    (nby, nbx), (iy, ix), corners, lo, hi = searched_blocks(h, w, bs, k, r, pad)
 
     # Materialise the planes and the padded previous plane once, so that XLA
     # does not recompute the colour conversion inside every gather.
@@ -274,7 +210,7 @@ def _block_match(
         cur_b = lax.optimization_barrier(grid.transpose(0, 2, 4, 1, 3).reshape(ch, bs, bs, -1))
         return geometry._replace(cur=cur_b)
 
-    all_lo, all_hi = _all_bounds(h, w, bs)
+    all_lo, all_hi = admissible_vectors(h, w, bs)
 
     def within(motion):
         """Blocks whose block shifted by ``motion`` lies inside the previous frame."""
@@ -347,8 +283,8 @@ def _block_match(
             known_s = (at_best | at_start).reshape(len(iy), len(ix))
             stored_s = jnp.where(at_best, res.ssd, res.start_ssd).reshape(len(iy), len(ix))
             # Blocks whose shifted block leaves the frame need no score either.
-            known = _scatter_grid(jnp.zeros((nby, nbx), bool), known_s, k) | ~inside_prev
-            stored = _scatter_grid(jnp.zeros((nby, nbx), jnp.float32), stored_s, k)
+            known = scatter_grid(jnp.zeros((nby, nbx), bool), known_s, k) | ~inside_prev
+            stored = scatter_grid(jnp.zeros((nby, nbx), jnp.float32), stored_s, k)
             # Skipped when Step 2 covered every block (only possible with k_skip=1).
             # The conditional also keeps XLA from recomputing the global motion
             # inside the per-pixel loop of the recomputation.
@@ -361,32 +297,19 @@ def _block_match(
         else:
             ssd = recompute()
         vectors = jnp.broadcast_to(motion, (nby, nbx, 2))
-        vectors = _scatter_grid(vectors, res.vectors.T.reshape(len(iy), len(ix), 2), k)
+        vectors = scatter_grid(vectors, res.vectors.T.reshape(len(iy), len(ix), 2), k)
         return motion, ssd, vectors
 
     zero = jnp.zeros((2,), jnp.int32)
     if prejudge:
-        # Zero-motion prejudgement (the module docstring): five passes, at the
+        # Zero-motion prejudgement (`dcjax.matching.prejudge`): five passes, at the
         # zero vector and its four neighbours, and the search only where at
         # most half of the blocks pass at zero and cost least there.
-        def near(prev_pl, cur_pl, dy: int, dx: int) -> jax.Array:
-            """Every block's SSD at ``(dy, dx)`` (|dy|, |dx| <= 1), from slices of
-            the planes; ``+inf`` where the shifted block leaves the frame."""
-            y0, y1, x0, x1 = max(0, -dy), h - max(0, dy), max(0, -dx), w - max(0, dx)
-            err = None
-            for i in range(ch):
-                d = cur_pl[i, y0:y1, x0:x1] - prev_pl[i, y0 + dy : y1 + dy, x0 + dx : x1 + dx]
-                err = jnp.square(d) if err is None else err + jnp.square(d)
-            err = jnp.pad(err, ((y0, h - y1), (x0, w - x1)))
-            ssd = block_sums_unrolled(err, bs)
-            return jnp.where(within(np.array([dy, dx])), ssd, jnp.inf)
-
         def judge(prev_pl, cur_pl):
             """(settled, every block's SSD at zero)."""
-            at_zero = near(prev_pl, cur_pl, 0, 0)
-            lowest = near(prev_pl, cur_pl, *_search.SMALL_DIAMOND[0])
-            for dy, dx in _search.SMALL_DIAMOND[1:]:
-                lowest = jnp.minimum(lowest, near(prev_pl, cur_pl, dy, dx))
+            at_zero, lowest = _prejudge.small_diamond_ssds(
+                prev_pl, cur_pl, block_size=bs, bounds=(all_lo, all_hi)
+            )
             stays = passing(at_zero, zero)[1] & (at_zero <= lowest)
             return 2 * jnp.sum(stays) > nby * nbx, at_zero
 
@@ -463,7 +386,7 @@ def block_match(
         prejudge: from a zero start, score every block at the zero vector
             and its four neighbours first, and search only when at most half
             of the blocks pass the threshold at zero and cost least there
-            (the module docstring, "Zero-motion prejudgement"); otherwise zero
+            (`dcjax.matching.prejudge`); otherwise zero
             is the global motion and every block's vector.
 
     Returns:

@@ -15,6 +15,7 @@ from dcjax import _loops
 from dcjax.matching import block as B
 from dcjax.matching import match, steady
 from dcjax.matching import search as S
+from dcjax.matching.grid import searched_blocks
 from tests.kernels._strategies import all_eqns
 from tests.matching.frames import blocks, brute_force, degrade, luma, photo, shifted_pair, smooth
 
@@ -297,7 +298,7 @@ def test_plane_ssd_equals_gathered_block_ssd(color):
     prev, cur = _moving_patch("coffee", seed=1, noise=4.0)
     pl = lambda f: jnp.moveaxis(B._plane(jnp.asarray(f), color), -1, 0)  # noqa: E731
     bs, pad = 10, R + 2
-    (nby, nbx), _, corners, _, _ = B._geometry(64, 84, bs, 1, R, pad)
+    (nby, nbx), _, corners, _, _ = searched_blocks(64, 84, bs, 1, R, pad)
     eh, ew = nby * bs - 64, nbx * bs - 84
     prev_p = jnp.pad(pl(prev), ((0, 0), (pad, pad + eh), (pad, pad + ew)))
     cur_p = jnp.pad(pl(cur), ((0, 0), (0, eh), (0, ew)))
@@ -459,7 +460,7 @@ def test_steady_search_holds_an_eighth_of_the_blocks_moving():
                 4 + y * bs + 2 : 4 + (y + 1) * bs + 2, 4 + x * bs : 4 + (x + 1) * bs
             ]
         pad = R + 2
-        (_, _), _, corners, lo, hi = B._geometry(h, w, bs, 1, R, pad)
+        (_, _), _, corners, lo, hi = searched_blocks(h, w, bs, 1, R, pad)
         prev_p = jnp.pad(
             jnp.asarray(prev[4 : 4 + h, 4 : 4 + w])[None], ((0, 0), (pad, pad), (pad, pad))
         )
@@ -500,7 +501,7 @@ def test_settled_steady_search_leaves_the_moving_blocks_at_their_first_step(n_mo
             8 + y * bs + 4 : 8 + (y + 1) * bs + 4, 8 + x * bs : 8 + (x + 1) * bs
         ]
     pad = R + 2
-    _, _, corners, lo, hi = B._geometry(h, w, bs, 1, R, pad)
+    _, _, corners, lo, hi = searched_blocks(h, w, bs, 1, R, pad)
     prev_p = jnp.pad(
         jnp.asarray(prev[8 : 8 + h, 8 : 8 + w])[None], ((0, 0), (pad, pad), (pad, pad))
     )
