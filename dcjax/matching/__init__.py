@@ -113,7 +113,7 @@ def match(
             ``block_vectors`` of blocks that moved may then differ.
         prejudge: from a zero start, take the zero vector without searching
             when more than half of the blocks pass the threshold there
-            (`block_match`, "Zero-motion prejudgement").
+            (`dcjax.matching.prejudge`).
 
     Returns:
         The `Match`.

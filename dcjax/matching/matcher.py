@@ -89,7 +89,7 @@ class SearchOptions:
         search_range: largest ``|dy|`` and ``|dx|`` searched.
         prejudge: after a frame without motion, take the zero vector without
             searching when more than half of the blocks pass the threshold
-            there ("Zero-motion prejudgement" in `dcjax.matching.block`).
+            there (`dcjax.matching.prejudge`).
             ``False`` searches every frame, as the paper does.
         all_vectors: every block's vector exact; ``False`` lets a steady
             search stop once the motion and the mask are settled (the step
