@@ -71,7 +71,7 @@ from dcjax._loops import run_if, skipping_pays
 from dcjax.matching import prejudge as _prejudge
 from dcjax.matching import search as _search
 from dcjax.matching import steady as _steady
-from dcjax.matching.grid import admissible_vectors, scatter_grid, searched_blocks
+from dcjax.matching.grid import admissible_vectors, admits, scatter_grid, searched_blocks
 from dcjax.matching.static import (
     _plane,
     block_counts_np,
@@ -210,16 +210,12 @@ def _block_match(
         cur_b = lax.optimization_barrier(grid.transpose(0, 2, 4, 1, 3).reshape(ch, bs, bs, -1))
         return geometry._replace(cur=cur_b)
 
-    all_lo, all_hi = admissible_vectors(h, w, bs)
-
-    def within(motion):
-        """Blocks whose block shifted by ``motion`` lies inside the previous frame."""
-        return ((motion >= all_lo) & (motion <= all_hi)).all(-1)
+    bounds = admissible_vectors(h, w, bs)
 
     def passing(ssd, motion):
         """Block PSNRs at ``motion`` from their SSDs, and which pass the threshold."""
         psnr = psnr_from_mse(ssd / (counts * ch), peak)
-        psnr = jnp.where(within(motion), psnr, -jnp.inf).astype(jnp.float32)
+        psnr = jnp.where(admits(bounds, motion), psnr, -jnp.inf).astype(jnp.float32)
         return psnr, psnr > psnr_threshold  # never with an infinite threshold
 
     def steps(prev_pl, cur_pl):
@@ -271,7 +267,7 @@ def _block_match(
         motion = _global_motion(res.vectors.T, voting(res.ssd), r)
 
         # Step 4: every block at the global motion.
-        inside_prev = within(motion)
+        inside_prev = admits(bounds, motion)
 
         def recompute():
             err = _shift_ssd(cur_p, inside if (eh or ew) else None, prev_p, motion, pad)
@@ -308,7 +304,7 @@ def _block_match(
         def judge(prev_pl, cur_pl):
             """(settled, every block's SSD at zero)."""
             at_zero, lowest = _prejudge.small_diamond_ssds(
-                prev_pl, cur_pl, block_size=bs, bounds=(all_lo, all_hi)
+                prev_pl, cur_pl, block_size=bs, bounds=bounds
             )
             stays = passing(at_zero, zero)[1] & (at_zero <= lowest)
             return 2 * jnp.sum(stays) > nby * nbx, at_zero

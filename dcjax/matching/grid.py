@@ -7,7 +7,8 @@ admissible for a block when the block shifted by it lies inside the frame.
 
 - `searched_blocks`: the static geometry of the blocks a search visits
   (every ``k``-th row and column) within a search range.
-- `admissible_vectors`: every block's admissible vectors without a range.
+- `admissible_vectors`: every block's admissible vectors without a range;
+  `admits`, which blocks admit a given vector.
 - `scatter_grid`: the searched blocks' values written back into the full grid.
 
 All geometry is NumPy, computed once when the matcher is traced.
@@ -21,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["admissible_vectors", "scatter_grid", "searched_blocks"]
+__all__ = ["admissible_vectors", "admits", "scatter_grid", "searched_blocks"]
 
 
 def searched_blocks(h: int, w: int, bs: int, k: int, r: int, pad: int):
@@ -55,6 +56,13 @@ def admissible_vectors(h: int, w: int, bs: int) -> tuple[np.ndarray, np.ndarray]
     lo = np.stack(np.broadcast_arrays(-y0[:, None], -x0[None, :]), -1)
     hi = np.stack(np.broadcast_arrays((h - y0 - hb)[:, None], (w - x0 - wb)[None, :]), -1)
     return lo.astype(np.int32), hi.astype(np.int32)
+
+
+def admits(bounds: tuple[np.ndarray, np.ndarray], vector) -> jax.Array:
+    """(nby, nbx) bool: the blocks whose block shifted by ``vector`` (dy, dx)
+    lies inside the frame, for ``bounds`` = `admissible_vectors`."""
+    lo, hi = bounds
+    return ((vector >= lo) & (vector <= hi)).all(-1)
 
 
 def scatter_grid(full: jax.Array, part: jax.Array, k: int) -> jax.Array:

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dcjax.matching.grid import admits
 from dcjax.matching.search import SMALL_DIAMOND
 from dcjax.matching.static import block_sums_unrolled
 
@@ -66,9 +67,7 @@ def shifted_ssds(
         err = jnp.square(d) if err is None else err + jnp.square(d)
     err = jnp.pad(err, ((y0, h - y1), (x0, w - x1)))
     ssd = block_sums_unrolled(err, block_size)
-    v = np.array([dy, dx])
-    inside = ((v >= bounds[0]) & (v <= bounds[1])).all(-1)
-    return jnp.where(inside, ssd, jnp.inf)
+    return jnp.where(admits(bounds, np.array([dy, dx])), ssd, jnp.inf)
 
 
 def small_diamond_ssds(

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dcjax.matching.grid import admissible_vectors, scatter_grid, searched_blocks
+from dcjax.matching.grid import admissible_vectors, admits, scatter_grid, searched_blocks
 
 
 @pytest.mark.parametrize("h, w, bs, k, r", [(20, 30, 10, 1, 7), (23, 17, 8, 2, 3), (9, 9, 4, 3, 5)])
@@ -45,3 +45,16 @@ def test_scatter_grid_writes_every_kth_block():
     np.testing.assert_array_equal(got, want)
     # With every block searched the values are the searched ones.
     np.testing.assert_array_equal(scatter_grid(full, part, 1), part)
+
+
+@pytest.mark.parametrize("vector", [(0, 0), (-3, 2), (5, -7), (-20, 0)])
+def test_admits_the_blocks_a_vector_keeps_inside_the_frame(vector):
+    h, w, bs = 23, 17, 8
+    got = np.asarray(admits(admissible_vectors(h, w, bs), np.array(vector)))
+    dy, dx = vector
+    for by in range(got.shape[0]):
+        for bx in range(got.shape[1]):
+            y0, x0 = by * bs, bx * bs
+            y1, x1 = min(y0 + bs, h), min(x0 + bs, w)
+            inside = 0 <= y0 + dy and y1 + dy <= h and 0 <= x0 + dx and x1 + dx <= w
+            assert got[by, bx] == inside

@@ -6,21 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dcjax.matching.grid import admissible_vectors
 from dcjax.matching.prejudge import shifted_ssds, small_diamond_ssds
-
-
-def _bounds(h, w, bs):
-    """Each block's admissible vectors, written out block by block."""
-    nby, nbx = -(-h // bs), -(-w // bs)
-    lo = np.zeros((nby, nbx, 2), np.int32)
-    hi = np.zeros((nby, nbx, 2), np.int32)
-    for by in range(nby):
-        for bx in range(nbx):
-            y0, x0 = by * bs, bx * bs
-            y1, x1 = min(y0 + bs, h), min(x0 + bs, w)
-            lo[by, bx] = (-y0, -x0)
-            hi[by, bx] = (h - y1, w - x1)
-    return lo, hi
 
 
 def _naive(prev, cur, dy, dx, bs):
@@ -44,7 +31,7 @@ def test_shifted_and_small_diamond_ssds_match_a_block_loop(channels, h, w, bs):
     prev = rng.uniform(0, 255, (channels, h, w)).astype(np.float32)
     # The current frame: prev moved one pixel down, plus noise.
     cur = np.roll(prev, 1, axis=1) + rng.normal(0, 2, prev.shape).astype(np.float32)
-    bounds = _bounds(h, w, bs)
+    bounds = admissible_vectors(h, w, bs)  # checked against a loop in test_grid
     args = (jnp.asarray(prev), jnp.asarray(cur))
     for dy, dx in [(0, 0), (-1, 0), (1, 0), (0, -1), (0, 1), (2, -1)]:
         got = np.asarray(shifted_ssds(*args, dy, dx, block_size=bs, bounds=bounds))
