@@ -6,10 +6,12 @@ transform calls `tune_model` between the analysis and `dcjax.plan.make_plan`:
 1. Every plain convolution's candidate kernels (`dcjax.kernels.tuning`:
    dense, tile kernel, row kernel, Pallas on GPU) are timed on the layer's
    shapes at several dirty fractions, on this machine, or read from the
-   measurements' file. Each layer gets the candidate of least expected cost
-   at the dirty fraction the stream shows (``fractions``, measured by
-   `stream_fractions` on a few frames; without them every fraction from 0 to
-   1 counts alike), a refresh every ``Config.refresh_every`` frames included.
+   measurements' file (a kind that lost on the largest layer of a class of
+   layers is not timed on the rest of the class: `dcjax.kernels.probes`).
+   Each layer gets the candidate of least expected cost at the dirty
+   fraction the stream shows (``fractions``, measured by `stream_fractions`
+   on a few frames; without them every fraction from 0 to 1 counts alike), a
+   refresh every ``Config.refresh_every`` frames included.
 2. The cached plan's expected saving (dense cost minus chosen cost, summed
    over the layers) is set against what caching adds per frame: the block
    matcher's cost over the cheapest still-frame test's (both timed here, on

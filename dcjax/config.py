@@ -293,10 +293,12 @@ class Config:
             count these elements as unchanged too, so that
             ``RefineConfig(delta=0)`` is plain DeepCache.
         tuning: how ``kernel="auto"`` picks each layer's kernel, one of
-            `dcjax.kernels.tuning.TUNINGS`: ``"measure"`` times every candidate
-            kernel of every layer on this machine when the model is
-            transformed (once per machine and layer shape: the measurements
-            are kept in `dcjax.kernels.tuning.default_path`) and, where no
+            `dcjax.kernels.tuning.TUNINGS`: ``"measure"`` times the candidate
+            kernels of every layer on this machine when the model is
+            transformed (all of them on each class of layers' largest layer,
+            the kinds that won there on the others: `dcjax.kernels.probes`;
+            once per machine and layer shape: the measurements are kept in
+            `dcjax.kernels.tuning.default_path`) and, where no
             layer's savings pay for the matcher, runs the dense step with only
             the still-frame skip (`dcjax.autotune`); ``"prior"`` takes the
             fixed rules of `dcjax.kernels.auto`. None (the default) reads

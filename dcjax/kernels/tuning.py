@@ -15,17 +15,17 @@ Contract:
   donated and fed back as it is in the step, a reuse mask whose dirty pixels
   form one centred rectangle covering the fraction (DeepCache's masks are
   blobs). Each candidate is compiled once; the mask is an argument.
-- `TuningCache` keeps measurements in a JSON file keyed by the machine
-  (`machine_key`: backend, device kind or processor model, cores, on CPU the
-  allocator's heap pad, jax and jaxlib versions) and
-  the layer's geometry (`layer_key`), so a layer is measured once per machine
-  and software; `default_path` says where the file lives.
+- The measurements' file (`TuningCache`, `machine_key`, `default_path`, the
+  grid `FRACTIONS`) is `dcjax.kernels.measurements`; its names are re-exported
+  here.
 - `expected_cost(costs, fraction, refresh_every)` is the mean cost a frame of
   a stream pays: the cost at the layer's dirty fraction (linear between the
   measured fractions; without a fraction, the mean over all fractions from 0
   to 1), with one frame in ``refresh_every`` fully dirty.
-- `tune(plans, backend, ...)` measures (or reads) every candidate of every
-  layer and returns a `LayerTuning` per layer: its candidates' costs and the
+- `tune(plans, backend, ...)` measures (or reads) the candidates of every
+  layer (all of them on each class's probe, on the class's other layers the
+  dense one and the kinds that won on the probe: `dcjax.kernels.probes`) and
+  returns a `LayerTuning` per layer: its candidates' costs and the
   choice of least expected cost. The dense candidate reads no mask, so its
   timings at the fractions are samples of one cost: it costs the least of
   them at every fraction. The candidates, the dense one included,
@@ -41,24 +41,29 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import os
-import platform
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dcjax.allocator import current_pad
 from dcjax.kernels import auto as _auto
 from dcjax.kernels import lowering as _lowering
+from dcjax.kernels import probes as _probes
 from dcjax.kernels import rows as _rows
 from dcjax.kernels.masked import masked_conv
+from dcjax.kernels.measurements import (
+    CACHE_ENV,
+    FRACTIONS,
+    TuningCache,
+    cores,
+    cpu_model,
+    default_path,
+    machine_key,
+)
 from dcjax.kernels.tiles import TilePlan, layer_key
 
 __all__ = [
@@ -83,16 +88,9 @@ __all__ = [
     "tune",
 ]
 
-#: Dirty fractions of a layer's output at which each candidate is timed; the
-#: cost between them is linear (`expected_cost`).
-FRACTIONS: tuple[float, ...] = (0.0, 0.125, 0.25, 0.5, 1.0)
-
 #: Candidate names, in the measurements' file, of a layer's dense lowerings
 #: (`dcjax.kernels.lowering_tuning`): ``"lowering:dot"``.
 LOWERING_PREFIX = "lowering:"
-
-#: Environment variable naming the measurements' file (`default_path`).
-CACHE_ENV = "DCJAX_TUNING_CACHE"
 
 #: How ``kernel="auto"`` picks each layer's kernel (`dcjax.Config.tuning`):
 #: ``"measure"`` times the candidates on this machine (`tune`); ``"prior"``
@@ -289,113 +287,6 @@ def expected_cost(
     return steady + (full - steady) / refresh_every
 
 
-def machine_key() -> str:
-    """What a measurement depends on besides the layer: backend, device kind
-    (on CPU, the processor's model, `cpu_model`: XLA's device kind is ``"cpu"``
-    on every processor), cores this process may use, jax and jaxlib versions,
-    and on CPU the freed heap memory the allocator keeps
-    (`dcjax.allocator.current_pad`: without it XLA:CPU's buffers fault their
-    pages in on every call, which slows large dense layers several-fold, so
-    the ``dcjax`` command and a program that leaves the allocator alone keep
-    their own measurements)."""
-    import jaxlib
-
-    backend = jax.default_backend()
-    kind = str(getattr(jax.devices()[0], "device_kind", "?"))
-    setting: tuple[str, ...] = ()
-    if backend == "cpu":
-        kind = f"{kind} {cpu_model()}"
-        setting = (f"heap pad {current_pad() >> 20} MiB",)
-    versions = f"jax {jax.__version__}", f"jaxlib {jaxlib.__version__}"
-    return "|".join((backend, kind, f"{cores()} cores", *setting, *versions))
-
-
-def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The processor's model name (Linux's ``cpuinfo``, else `platform.processor`,
-    else the architecture), so that measurements made on one processor are not
-    read on another that shares the file (a home directory mounted on several
-    machines)."""
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                name, sep, value = line.partition(":")
-                if sep and name.strip() in ("model name", "Processor", "cpu model"):
-                    if value.strip():
-                        return " ".join(value.split())
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "?"
-
-
-def cores() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def default_path() -> Path:
-    """``$DCJAX_TUNING_CACHE``, else ``$XDG_CACHE_HOME/dcjax/tuning.json`` (``~/.cache``
-    when unset)."""
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "dcjax" / "tuning.json"
-
-
-class TuningCache:
-    """Measurements kept in a JSON file: ``{machine: {layer: {candidate: [seconds at
-    each fraction]}}}`` with the fractions recorded beside them.
-
-    A missing or unreadable file is an empty cache (an unreadable one is
-    replaced at the next `save`). `save` merges with what other processes
-    wrote meanwhile and replaces the file atomically. ``path=None`` keeps the
-    measurements in memory only.
-    """
-
-    def __init__(self, path: str | os.PathLike | None = None) -> None:
-        self.path = None if path is None else Path(path)
-        self._data = self._read()
-        self._dirty: dict[tuple[str, str, str], list[float]] = {}
-        self.puts = 0  # measurements put since it was opened
-
-    def _read(self) -> dict:
-        if self.path is None or not self.path.exists():
-            return {}
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(data, dict) or data.get("fractions") != list(FRACTIONS):
-            return {}
-        return data.get("machines", {})
-
-    def get(self, machine: str, layer: str, candidate: str) -> tuple[float, ...] | None:
-        got = self._data.get(machine, {}).get(layer, {}).get(candidate)
-        return None if got is None else tuple(float(v) for v in got)
-
-    def put(self, machine: str, layer: str, candidate: str, costs: Sequence[float]) -> None:
-        values = [float(v) for v in costs]
-        self._data.setdefault(machine, {}).setdefault(layer, {})[candidate] = values
-        self._dirty[(machine, layer, candidate)] = values
-        self.puts += 1
-
-    def save(self) -> None:
-        if self.path is None or not self._dirty:
-            return
-        data = self._read()
-        for (machine, layer, candidate), values in self._dirty.items():
-            data.setdefault(machine, {}).setdefault(layer, {})[candidate] = values
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"fractions": list(FRACTIONS), "machines": data}, f, indent=1)
-        os.replace(tmp, self.path)
-        self._data, self._dirty = data, {}
-
-
 def tune(
     plans: Sequence[TilePlan],
     backend: str,
@@ -408,6 +299,7 @@ def tune(
     progress: Callable[..., Iterable] | None = None,
     precompile: Sequence[Callable[[], Any]] = (),
     dtypes: Sequence[Any] | None = None,
+    prune: bool = True,
 ) -> tuple[LayerTuning, ...]:
     """A `LayerTuning` per layer of ``plans`` (see the module docstring).
 
@@ -420,62 +312,50 @@ def tune(
     geometry is measured once; measurements go to ``cache``, saved at the end.
     ``precompile``: the caller's compiles of programs it will time later (run
     beside the candidates' compiles, all finished before any timing).
+    ``prune``: measure every candidate of each class's probe first, and of the
+    class's other layers only the dense candidate and the kinds that won on
+    the probe (`dcjax.kernels.probes`); the others are recorded in ``cache``
+    as passed over (`TuningCache.pass_over`), so a later tuning does not
+    measure them either. False: every candidate of every layer.
     """
     n = len(plans)
     fractions = [None] * n if fractions is None else list(fractions)
     scattered = [False] * n if scattered is None else list(scattered)
     dtypes = [jnp.float32] * n if dtypes is None else list(dtypes)
     machine = machine_key()
-    todo: dict[tuple[str, str], tuple[TilePlan, KernelChoice]] = {}
     per_layer = []
-    dtype_of: dict[str, Any] = {}
+    layers: dict[str, tuple[TilePlan, Any, tuple[KernelChoice, ...]]] = {}
     for p, sc, dtype in zip(plans, scattered, dtypes, strict=True):
         key = layer_key(p, dtype)
-        dtype_of[key] = dtype
         cands = candidates(p, backend, sc)
         per_layer.append((key, cands))
-        for c in cands:
-            if cache.get(machine, key, c.name) is None:
-                todo[(key, c.name)] = (p, c)
-    items = list(todo.items())
-    progress = progress if items else None
-    # Every candidate is compiled before any is timed, so that no compile runs
-    # beside a timed call: on a pool of one thread per core, where one
-    # candidate traces while XLA compiles another outside the GIL, beside the
-    # caller's own compiles (``precompile``). The candidates of a layer share
-    # one input.
-    inputs: dict[str, tuple] = {}
-    for (key, _), (p, _) in items:
-        if key not in inputs:
-            inputs[key] = _inputs(p, dtype_of[key])
-    by_layer: dict[str, dict[str, tuple]] = {}
-    with concurrent.futures.ThreadPoolExecutor(max(1, cores())) as pool:
-        extra = [pool.submit(job) for job in precompile]
-        futures = {
-            pool.submit(_compiled_by_fixed_rules, p, c, *inputs[key]): (key, name)
-            for (key, name), (p, c) in items
-        }
-        done = concurrent.futures.as_completed(futures)
-        for f in progress(done, total=len(items), what="compiling") if progress else done:
-            f.result()
-        for f in extra:
-            f.result()
-    for f, (key, name) in futures.items():
-        by_layer.setdefault(key, {})[name] = (todo[(key, name)][0], f.result())
-    layers = list(by_layer.items())
-    for key, group in progress(layers, total=len(layers), what="timing") if progress else layers:
-        p = next(iter(group.values()))[0]
-        timed = _timed(p, {name: c for name, (_, c) in group.items()}, FRACTIONS, repeats)
-        for name, costs in timed.items():
-            cache.put(machine, key, name, costs)
+        layers.setdefault(key, (p, dtype, cands))
+    first = _probes.probes({k: (p, d) for k, (p, d, _) in layers.items()}) if prune else set(layers)
+    _measure({k: layers[k] for k in first}, cache, machine, repeats, progress, precompile)
+    if prune:
+        kept: dict[tuple, set[str]] = {}
+        for key in first:
+            p, dtype, cands = layers[key]
+            kept[_probes.layer_class(p, dtype)] = _probes.winning_kinds(
+                _costs(cache, machine, key, cands), FRACTIONS
+            )
+        rest = {}
+        for key, (p, dtype, cands) in layers.items():
+            if key in first:
+                continue
+            wins = kept[_probes.layer_class(p, dtype)]
+            for c in cands:
+                lost = c.impl != "dense" and c.impl not in wins
+                if lost and cache.get(machine, key, c.name) is None:
+                    cache.pass_over(machine, key, c.name)
+            rest[key] = (p, dtype, cands)
+        _measure(rest, cache, machine, repeats, progress, ())
     cache.save()
     out = []
     for (key, cands), fraction in zip(per_layer, fractions, strict=True):
-        costs = {c.name: cache.get(machine, key, c.name) for c in cands}
-        if "dense" in costs:  # one cost timed at every fraction: the least of them
-            costs["dense"] = (min(costs["dense"]),) * len(costs["dense"])
+        costs = _costs(cache, machine, key, cands)
         expected = {name: expected_cost(v, fraction, refresh_every) for name, v in costs.items()}
-        best = min(cands, key=lambda c: expected[c.name])
+        best = min((c for c in cands if c.name in costs), key=lambda c: expected[c.name])
         out.append(
             LayerTuning(
                 costs=costs,
@@ -485,3 +365,66 @@ def tune(
             )
         )
     return tuple(out)
+
+
+def _costs(
+    cache: TuningCache, machine: str, key: str, cands: Sequence[KernelChoice]
+) -> dict[str, tuple[float, ...]]:
+    """The measured candidates' costs of the layer ``key``, the ones passed over
+    left out. The dense candidate reads no mask, so its timings are samples of
+    one cost: it costs the least of them at every fraction."""
+    costs = {c.name: cache.get(machine, key, c.name) for c in cands}
+    costs = {name: v for name, v in costs.items() if v}
+    if "dense" in costs:
+        costs["dense"] = (min(costs["dense"]),) * len(costs["dense"])
+    return costs
+
+
+def _measure(
+    layers: Mapping[str, tuple[TilePlan, Any, Sequence[KernelChoice]]],
+    cache: TuningCache,
+    machine: str,
+    repeats: int,
+    progress: Callable[..., Iterable] | None,
+    precompile: Sequence[Callable[[], Any]],
+) -> None:
+    """Compile, then time, every candidate of ``layers`` not yet in ``cache``
+    (nor passed over), and put their costs there; ``precompile`` runs beside
+    the compiles."""
+    todo = {
+        (key, c.name): (p, dtype, c)
+        for key, (p, dtype, cands) in layers.items()
+        for c in cands
+        if cache.get(machine, key, c.name) is None
+    }
+    items = list(todo.items())
+    progress = progress if items else None
+    # Every candidate is compiled before any is timed, so that no compile runs
+    # beside a timed call: on a pool of one thread per core, where one
+    # candidate traces while XLA compiles another outside the GIL, beside the
+    # caller's own compiles (``precompile``). The candidates of a layer share
+    # one input.
+    inputs: dict[str, tuple] = {}
+    for (key, _), (p, dtype, _) in items:
+        if key not in inputs:
+            inputs[key] = _inputs(p, dtype)
+    by_layer: dict[str, dict[str, tuple]] = {}
+    with concurrent.futures.ThreadPoolExecutor(max(1, cores())) as pool:
+        extra = [pool.submit(job) for job in precompile]
+        futures = {
+            pool.submit(_compiled_by_fixed_rules, p, c, *inputs[key]): (key, name)
+            for (key, name), (p, _, c) in items
+        }
+        done = concurrent.futures.as_completed(futures)
+        for f in progress(done, total=len(items), what="compiling") if progress else done:
+            f.result()
+        for f in extra:
+            f.result()
+    for f, (key, name) in futures.items():
+        by_layer.setdefault(key, {})[name] = (todo[(key, name)][0], f.result())
+    timing = list(by_layer.items())
+    for key, group in progress(timing, total=len(timing), what="timing") if progress else timing:
+        p = next(iter(group.values()))[0]
+        timed = _timed(p, {name: c for name, (_, c) in group.items()}, FRACTIONS, repeats)
+        for name, costs in timed.items():
+            cache.put(machine, key, name, costs)

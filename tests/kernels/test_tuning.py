@@ -1,10 +1,8 @@
 """Kernel choice by measurement (`dcjax.kernels.tuning`): candidates, masks,
 expected costs, the measurements' file, and the choice made from them."""
 
-import json
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -88,29 +86,6 @@ def test_candidates_of_a_layer_are_timed_in_turns():
     assert calls == [("a", 1.0), ("b", 1.0), ("a", 0.0), ("b", 0.0)] * 3
 
 
-def test_cache_round_trip_merge_and_bad_files(tmp_path):
-    path = tmp_path / "t.json"
-    a, b = kt.TuningCache(path), kt.TuningCache(path)
-    a.put("m", "layer1", "xla", [1, 2, 3, 4, 5])
-    a.save()
-    b.put("m", "layer2", "dense", [5, 5, 5, 5, 5])
-    b.save()  # merges what `a` wrote meanwhile
-    c = kt.TuningCache(path)
-    assert c.get("m", "layer1", "xla") == (1, 2, 3, 4, 5)
-    assert c.get("m", "layer2", "dense") == (5, 5, 5, 5, 5)
-    assert c.get("other machine", "layer1", "xla") is None
-    path.write_text("{not json")
-    assert kt.TuningCache(path).get("m", "layer1", "xla") is None
-    path.write_text(
-        json.dumps({"fractions": [0, 1], "machines": {"m": {"layer1": {"xla": [1, 2]}}}})
-    )
-    assert kt.TuningCache(path).get("m", "layer1", "xla") is None  # another grid: ignored
-    memory = kt.TuningCache(None)
-    memory.put("m", "l", "x", [1.0])
-    memory.save()  # nothing written
-    assert memory.get("m", "l", "x") == (1.0,)
-
-
 def _fake_timings(monkeypatch, costs):
     """Measurements by candidate impl: ``costs[impl](fraction)``; counts the calls."""
     calls = []
@@ -158,11 +133,14 @@ def test_the_dense_candidate_costs_the_least_of_its_timings(monkeypatch, tmp_pat
     assert cache.get(kt.machine_key(), key, "dense") == (1.0, 2.1, 1.9, 2.2, 2.0)
 
 
+@pytest.mark.parametrize("prune, compiles_first", [(False, 6), (True, 3)])
 def test_every_compile_ends_before_any_timing_and_a_layers_candidates_share_inputs(
-    monkeypatch, tmp_path
+    monkeypatch, tmp_path, prune, compiles_first
 ):
     """The caller's compiles (``precompile``) and the candidates' run on the
-    pool, all finished before the first timed call; one input per layer."""
+    pool, all finished before the first timed call; one input per layer. With
+    pruning the class's probe is compiled and timed first, then the rest: no
+    compile runs beside a timing either way."""
     log, inputs = [], {}
 
     def compiled(p, c, x, w):
@@ -179,10 +157,44 @@ def test_every_compile_ends_before_any_timing_and_a_layers_candidates_share_inpu
     monkeypatch.setattr(kt, "_timed", timed)
     jobs = [lambda: (time.sleep(0.05), log.append("job")) for _ in range(2)]
     kt.tune([_layer(), _layer(h=10)], "cpu", cache=kt.TuningCache(tmp_path / "t.json"),
-            precompile=jobs)  # fmt: skip
+            precompile=jobs, prune=prune)  # fmt: skip
+    # every kind ties on the probe, so every kind is measured on the other layer
     assert log.count("compile") == 6 and log.count("job") == 2 and log.count("time") == 2
-    assert log.index("time") == 8  # after every compile and job
+    first, last = log.index("time"), len(log) - 1 - log[::-1].index("time")
+    assert log[:first].count("compile") == compiles_first and log[:first].count("job") == 2
+    assert log[first + 1 : last].count("compile") == 6 - compiles_first
+    assert last == len(log) - 1  # nothing compiles after the last timing
     assert all(len(v) == 1 for v in inputs.values()) and len(inputs) == 2
+
+
+def test_a_kind_that_loses_on_its_class_probe_is_not_measured_on_the_class(monkeypatch, tmp_path):
+    """The tile kernel loses every fraction below 1 on the 3x3 class's largest
+    layer: the class's other layers measure the dense candidate and the row
+    kernel only, and the file records the tile kernel as passed over for them,
+    so that a second tuning measures nothing. A 1x1 layer is its own class."""
+    costs = {"dense": lambda f: 1.0, "xla": lambda f: 0.1 + 1.5 * f,
+             "rows": lambda f: 0.05 + 0.5 * f}  # fmt: skip
+    calls = _fake_timings(monkeypatch, costs)
+    big, small, pointwise = _layer(h=16), _layer(h=10), _layer(h=12, k=1)
+    layers = [small, big, pointwise, small]
+    path = tmp_path / "t.json"
+    out = kt.tune(layers, "cpu", cache=kt.TuningCache(path), fractions=[0.1] * 4)
+    assert len(calls) == 3 + 2 + 3  # the 3x3 probe, the smaller 3x3 layer, the 1x1 probe
+    assert [t.choice.impl for t in out] == ["rows"] * 4
+    assert "xla" not in out[0].costs and "xla" in out[1].costs and "xla" in out[2].costs
+    key = kt.layer_key(small, jnp.float32)
+    cache = kt.TuningCache(path)
+    assert cache.get(kt.machine_key(), key, "xla") == () and cache.puts == 0
+    again = kt.tune(layers, "cpu", cache=cache, fractions=[0.1] * 4)
+    assert len(calls) == 8 and cache.puts == 0  # nothing measured the second time
+    assert [t.choice for t in again] == [t.choice for t in out]
+    # without pruning every candidate of every layer is measured
+    kt.tune(layers, "cpu", cache=kt.TuningCache(tmp_path / "all.json"), prune=False)
+    assert len(calls) == 8 + 9
+    # where the tile kernel wins at the lowest fractions on the probe, it is kept
+    costs["xla"] = lambda f: 0.01 + 1.5 * f
+    kt.tune(layers, "cpu", cache=kt.TuningCache(tmp_path / "both.json"))
+    assert len(calls) == 17 + 9
 
 
 def test_resolve_tuning(monkeypatch):
@@ -194,40 +206,3 @@ def test_resolve_tuning(monkeypatch):
     monkeypatch.setenv(kt.TUNING_ENV, "fast")
     with pytest.raises(ValueError, match=r"\$DCJAX_TUNING must be one of"):
         kt.resolve_tuning(None)
-
-
-def test_measurements_are_kept_per_processor_model(monkeypatch, tmp_path):
-    """XLA calls every CPU ``"cpu"``: the machine key names the processor, so a
-    file shared by two machines (one home directory) keeps each one's timings."""
-    info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD  EPYC 7B13\n")
-    assert kt.cpu_model(str(info)) == "AMD EPYC 7B13"
-    assert kt.cpu_model(str(tmp_path / "missing")) != ""  # platform's answer instead
-    monkeypatch.setattr(kt, "cpu_model", lambda: "AMD EPYC 7B13")
-    amd = kt.machine_key()
-    monkeypatch.setattr(kt, "cpu_model", lambda: "Intel(R) Xeon(R) Processor")
-    intel = kt.machine_key()
-    assert amd != intel and "AMD EPYC 7B13" in amd
-    cache = kt.TuningCache(tmp_path / "t.json")
-    key = kt.layer_key(_layer(), jnp.float32)
-    cache.put(amd, key, "dense", (1.0,) * len(kt.FRACTIONS))
-    assert cache.get(intel, key, "dense") is None  # the Xeon measures its own
-    assert cache.get(amd, key, "dense") == (1.0,) * len(kt.FRACTIONS)
-
-
-def test_measurements_are_kept_per_heap_pad(monkeypatch, tmp_path):
-    """Without the allocator's pad XLA:CPU faults its buffers' pages in on every
-    call, which changes large layers' timings several-fold: the ``dcjax``
-    command (which sets the pad) and a program that does not keep their own."""
-    from dcjax import allocator
-
-    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")  # the key of CPU timings
-    monkeypatch.setitem(allocator._set, "pad", 0)
-    bare = kt.machine_key()
-    monkeypatch.setitem(allocator._set, "pad", 256 << 20)
-    padded = kt.machine_key()
-    assert bare != padded and "heap pad 256 MiB" in padded and "heap pad 0 MiB" in bare
-    cache = kt.TuningCache(tmp_path / "t.json")
-    key = kt.layer_key(_layer(), jnp.float32)
-    cache.put(bare, key, "dense", (1.0,) * len(kt.FRACTIONS))
-    assert cache.get(padded, key, "dense") is None
