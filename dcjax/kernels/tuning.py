@@ -324,12 +324,15 @@ def tune(
     dtypes = [jnp.float32] * n if dtypes is None else list(dtypes)
     machine = machine_key()
     per_layer = []
-    layers: dict[str, tuple[TilePlan, Any, tuple[KernelChoice, ...]]] = {}
+    layers: dict[str, tuple[TilePlan, Any, list[KernelChoice]]] = {}
     for p, sc, dtype in zip(plans, scattered, dtypes, strict=True):
         key = layer_key(p, dtype)
         cands = candidates(p, backend, sc)
         per_layer.append((key, cands))
-        layers.setdefault(key, (p, dtype, cands))
+        # one geometry, several layers: every candidate any of them has (a
+        # scattered layer's row kernel takes another smallest step)
+        known = layers.setdefault(key, (p, dtype, []))[2]
+        known.extend(c for c in cands if c not in known)
     first = _probes.probes({k: (p, d) for k, (p, d, _) in layers.items()}) if prune else set(layers)
     _measure({k: layers[k] for k in first}, cache, machine, repeats, progress, precompile)
     if prune:

@@ -197,6 +197,21 @@ def test_a_kind_that_loses_on_its_class_probe_is_not_measured_on_the_class(monke
     assert len(calls) == 17 + 9
 
 
+def test_layers_of_one_geometry_measure_every_candidate_any_of_them_has(monkeypatch, tmp_path):
+    """A scattered layer's row kernel takes another smallest step than a blob
+    layer's of the same geometry: both are measured, each layer chooses among
+    its own."""
+    calls = _fake_timings(monkeypatch, {"dense": lambda f: 1.0, "xla": lambda f: 0.9,
+                                        "rows": lambda f: 0.1})  # fmt: skip
+    p = _layer(h=56, cin=64, cout=64)
+    blob, scattered = (kt.candidates(p, "cpu", sc)[-1].name for sc in (False, True))
+    assert blob != scattered  # e.g. "rows:64" and "rows"
+    out = kt.tune([p, p], "cpu", cache=kt.TuningCache(tmp_path / "t.json"),
+                  scattered=[False, True])  # fmt: skip
+    assert sorted(calls) == sorted(["dense", "xla", blob, scattered])
+    assert [t.choice.name for t in out] == [blob, scattered]
+
+
 def test_resolve_tuning(monkeypatch):
     monkeypatch.delenv(kt.TUNING_ENV, raising=False)
     assert kt.resolve_tuning(None) == "measure"
