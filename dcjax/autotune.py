@@ -109,6 +109,8 @@ class Tuning:
         overhead: expected seconds a frame caching adds: the block matcher's
             cost over the still-frame test's.
         measured: measurements made now (0 when all came from the file).
+        passed_over: candidates left unmeasured now, their kind having lost
+            on their class's probe (`dcjax.kernels.probes`).
         seconds: wall time of the tuning.
         raced: seconds a frame of each of `PLANS` over calibration frames
             (`dcjax.race.race`), NaN for a plan that did not race (the cached plan where
@@ -131,6 +133,7 @@ class Tuning:
     raced: tuple[float, ...] | None = None
     lowerings: Lowerings | None = None
     cut: float | None = None
+    passed_over: int = 0
 
     @property
     def choices(self) -> tuple[kt.KernelChoice | None, ...]:
@@ -154,7 +157,9 @@ class Tuning:
             + ("" if self.lowerings is None else self.lowerings.summary() + "; ")
             + "expected saving "
             f"{self.saving * 1e3:.2f} ms a frame against {self.overhead * 1e3:.2f} ms of "
-            f"matching ({self.measured} measurements, {self.seconds:.1f} s)"
+            f"matching ({self.measured} measurements, "
+            + (f"{self.passed_over} passed over, " if self.passed_over else "")
+            + f"{self.seconds:.1f} s)"
             + (
                 ""
                 if self.raced is None
@@ -379,7 +384,7 @@ def tune_model(
         raise ValueError(
             f"dcjax: tune_model got {len(fractions)} fractions for {len(plans)} layers"
         )
-    before = cache.puts
+    before, passed = cache.puts, cache.passed
     results = kt.tune(
         [plans[i] for i in tuned],
         backend,
@@ -403,6 +408,7 @@ def tune_model(
         saving=saving,
         overhead=overhead,
         measured=cache.puts - before,
+        passed_over=cache.passed - passed,
         seconds=time.perf_counter() - start,
     )
 

@@ -71,6 +71,9 @@ def test_sparse_kernels_that_pay_make_a_cached_plan(model, fake):
     t = cached.tuning
     assert t.plan == "cached" and t.saving > t.overhead > 0
     assert [c.impl for c in t.choices] == ["xla"] * 3
+    # the row kernel lost on the 3x3 probe: not measured on the other 3x3 layer
+    # (3 candidates of each probe, 2 of the other 3x3 layer, the two matchers)
+    assert t.passed_over == 1 and "(10 measurements, 1 passed over, " in t.summary()
     assert [lp.kernel.impl for lp in cached.plan.layers] == ["xla"] * 3
     assert all(cached.keeps_cache) and cached.config.kernel == "auto"
     assert dcjax.Config(tuning="measure") == cached.config

@@ -114,6 +114,7 @@ class TuningCache:
         self._data = self._read()
         self._dirty: dict[tuple[str, str, str], list[float]] = {}
         self.puts = 0  # measurements put since it was opened
+        self.passed = 0  # candidates passed over since it was opened
 
     def _read(self) -> dict:
         if self.path is None or not self.path.exists():
@@ -139,9 +140,10 @@ class TuningCache:
     def pass_over(self, machine: str, layer: str, candidate: str) -> None:
         """Record ``candidate`` as not measured for ``layer`` (its kind lost on
         its class's probe, `tune`): `get` returns ``()`` for it, and it is no
-        measurement (``puts`` does not count it)."""
+        measurement (``puts`` does not count it; ``passed`` does)."""
         self._data.setdefault(machine, {}).setdefault(layer, {})[candidate] = []
         self._dirty[(machine, layer, candidate)] = []
+        self.passed += 1
 
     def save(self) -> None:
         if self.path is None or not self._dirty:
