@@ -132,18 +132,20 @@ class TuningCache:
         return None if got is None else tuple(float(v) for v in got)
 
     def put(self, machine: str, layer: str, candidate: str, costs: Sequence[float]) -> None:
-        values = [float(v) for v in costs]
-        self._data.setdefault(machine, {}).setdefault(layer, {})[candidate] = values
-        self._dirty[(machine, layer, candidate)] = values
+        self._store(machine, layer, candidate, [float(v) for v in costs])
         self.puts += 1
 
     def pass_over(self, machine: str, layer: str, candidate: str) -> None:
         """Record ``candidate`` as not measured for ``layer`` (its kind lost on
         its class's probe, `tune`): `get` returns ``()`` for it, and it is no
         measurement (``puts`` does not count it; ``passed`` does)."""
-        self._data.setdefault(machine, {}).setdefault(layer, {})[candidate] = []
-        self._dirty[(machine, layer, candidate)] = []
+        self._store(machine, layer, candidate, [])
         self.passed += 1
+
+    def _store(self, machine: str, layer: str, candidate: str, values: list[float]) -> None:
+        """Keep ``values`` in memory and mark them for the next `save`."""
+        self._data.setdefault(machine, {}).setdefault(layer, {})[candidate] = values
+        self._dirty[(machine, layer, candidate)] = values
 
     def save(self) -> None:
         if self.path is None or not self._dirty:
