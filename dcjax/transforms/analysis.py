@@ -27,13 +27,9 @@ from dcjax.transforms.patterns import find_epilogues, is_dense
 from dcjax.transforms.recognisers import conv_window
 from dcjax.transforms.records import Analysis, DenseLayer, EqnInfo, Layer
 from dcjax.transforms.signature_rules import SIGNATURE_RULES, NoRule
-from dcjax.transforms.spatial import Spatial, first_spatial
+from dcjax.transforms.spatial import Spatial, first_spatial, var_shape
 
 __all__ = ["analyze", "conv_flops", "dot_flops"]
-
-
-def _shape(v: Any) -> tuple[int, ...]:
-    return tuple(v.aval.shape)
 
 
 _FOLD_LIMIT = 1 << 20
@@ -41,7 +37,7 @@ _FOLD_LIMIT = 1 << 20
 
 def _fold(eqn, values) -> list:
     """Evaluate an equation on constant operands (None where too large or failing)."""
-    out_size = sum(int(np.prod(_shape(o))) for o in eqn.outvars)
+    out_size = sum(int(np.prod(var_shape(o))) for o in eqn.outvars)
     if out_size > _FOLD_LIMIT:
         return [None] * len(eqn.outvars)
     try:
@@ -55,17 +51,17 @@ def _fold(eqn, values) -> list:
 def conv_flops(eqn) -> int:
     """2 x multiply-adds of a conv_general_dilated."""
     dn = eqn.params["dimension_numbers"]
-    rhs = _shape(eqn.invars[1])
+    rhs = var_shape(eqn.invars[1])
     per_out = int(np.prod([rhs[d] for d in dn.rhs_spec[2:]])) * rhs[dn.rhs_spec[1]]
-    return 2 * int(np.prod(_shape(eqn.outvars[0]))) * per_out
+    return 2 * int(np.prod(var_shape(eqn.outvars[0]))) * per_out
 
 
 def dot_flops(eqn) -> int:
     """2 x multiply-adds of a dot_general."""
     (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-    lhs = _shape(eqn.invars[0])
+    lhs = var_shape(eqn.invars[0])
     contracted = int(np.prod([lhs[d] for d in lhs_contract]))
-    return 2 * int(np.prod(_shape(eqn.outvars[0]))) * contracted
+    return 2 * int(np.prod(var_shape(eqn.outvars[0]))) * contracted
 
 
 def analyze(
@@ -99,7 +95,7 @@ def analyze(
             if c is not None:
                 env_const[v] = c
             if not d:
-                env_var[v] = a if a is not None else variation.input_axes(_shape(v))
+                env_var[v] = a if a is not None else variation.input_axes(var_shape(v))
         for v, c in zip(cj.jaxpr.constvars, cj.consts):
             env_sig[v], env_dyn[v] = None, False
             env_const[v] = np.asarray(c) if np.size(c) <= _FOLD_LIMIT else None
@@ -149,9 +145,9 @@ def analyze(
                         info.supported = False
                         unsupported.add(eqn.primitive.name)
                         first = first_spatial(isigs)
+                        first_shape = var_shape(eqn.invars[isigs.index(first)])
                         info.out_sigs = [
-                            first if _shape(o) == _shape(eqn.invars[isigs.index(first)]) else None
-                            for o in eqn.outvars
+                            first if var_shape(o) == first_shape else None for o in eqn.outvars
                         ]
                 if eqn.primitive is P.conv_general_dilated_p:
                     reusable = (
@@ -201,8 +197,8 @@ def _layer(index: int, eqn, in_sig: Spatial, out_sig: Spatial) -> Layer:
         index=index,
         name=name,
         primitive=eqn.primitive.name,
-        in_shape=_shape(eqn.invars[0]),
-        out_shape=_shape(eqn.outvars[0]),
+        in_shape=var_shape(eqn.invars[0]),
+        out_shape=var_shape(eqn.outvars[0]),
         in_signature=in_sig,
         signature=out_sig,
         kernel=win.size,
@@ -211,14 +207,14 @@ def _layer(index: int, eqn, in_sig: Spatial, out_sig: Spatial) -> Layer:
         dilation=win.rhs_dilation,
         groups=eqn.params["feature_group_count"],
         flops=conv_flops(eqn),
-        in_channels=_shape(eqn.invars[0])[eqn.params["dimension_numbers"].lhs_spec[1]],
-        out_channels=_shape(eqn.invars[1])[eqn.params["dimension_numbers"].rhs_spec[0]],
+        in_channels=var_shape(eqn.invars[0])[eqn.params["dimension_numbers"].lhs_spec[1]],
+        out_channels=var_shape(eqn.invars[1])[eqn.params["dimension_numbers"].rhs_spec[0]],
         dtype=eqn.outvars[0].aval.dtype,
     )
 
 
 def _dense_layer(index: int, eqn) -> DenseLayer:
-    k, n = _shape(eqn.invars[1])
+    k, n = var_shape(eqn.invars[1])
     return DenseLayer(
         index=index,
         name=str(eqn.source_info.name_stack) or f"dense{index}",

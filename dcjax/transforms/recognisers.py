@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
 
-from dcjax.transforms.spatial import Spatial
+from dcjax.transforms.spatial import Spatial, var_shape
 
 __all__ = [
     "LinearMap",
@@ -39,10 +38,6 @@ __all__ = [
     "linear_map",
     "reduce_window_window",
 ]
-
-
-def _shape(v: Any) -> tuple[int, ...]:
-    return tuple(v.aval.shape)
 
 
 # --- gather with constant indices (jax.image.resize "nearest") ---------------
@@ -66,7 +61,7 @@ def gather_pick(eqn, sig: Spatial, indices) -> tuple[Pick, tuple[int, int]] | No
     """Recognise a translation-consistent gather along one spatial axis."""
     p = eqn.params
     dn = p["dimension_numbers"]
-    shape = _shape(eqn.invars[0])
+    shape = var_shape(eqn.invars[0])
     if indices is None or dn.operand_batching_dims or len(dn.start_index_map) != 1:
         return None
     a = dn.start_index_map[0]
@@ -119,7 +114,7 @@ def conv_window(eqn, sig: Spatial) -> Window | None:
     if sig.axes[0] not in lhs_sp or sig.axes[1] not in lhs_sp or p["batch_group_count"] != 1:
         return None
     k = (lhs_sp.index(sig.axes[0]), lhs_sp.index(sig.axes[1]))
-    rhs_shape = _shape(eqn.invars[1])
+    rhs_shape = var_shape(eqn.invars[1])
     return Window(
         size=tuple(rhs_shape[rhs_sp[i]] for i in k),
         strides=tuple(p["window_strides"][i] for i in k),
@@ -202,7 +197,7 @@ def linear_map(eqn, sigs, operands) -> tuple[LinearMap, tuple[int, int]] | None:
     weights = np.asarray(const, np.float64)
     if cc == 1:
         weights = weights.T
-    n = len(_shape(eqn.invars[side]))
+    n = len(var_shape(eqn.invars[side]))
     free = [a for a in range(n) if a != sc]
     # output axes: lhs free dims, then rhs free dims
     if side == 0:

@@ -35,7 +35,7 @@ from dcjax.transforms.recognisers import (
     linear_map,
     reduce_window_window,
 )
-from dcjax.transforms.spatial import Spatial, first_spatial
+from dcjax.transforms.spatial import Spatial, first_spatial, var_shape
 
 __all__ = [
     "ELEMENTWISE",
@@ -50,10 +50,6 @@ SIGNATURE_RULES: dict[Any, SignatureRule] = {}
 
 
 register = registrar(SIGNATURE_RULES, "signature rule")
-
-
-def _shape(v: Any) -> tuple[int, ...]:
-    return tuple(v.aval.shape)
 
 
 # Elementwise primitives: every operand has the output's shape (lax broadcasts
@@ -128,7 +124,7 @@ def _reshape(eqn, sigs, *, new_sizes, dimensions=None, **_):
     sig = sigs[0]
     if sig is None or dimensions is not None:
         return [None]
-    in_shape, out_shape = _shape(eqn.invars[0]), tuple(new_sizes)
+    in_shape, out_shape = var_shape(eqn.invars[0]), tuple(new_sizes)
     groups = _reshape_groups(in_shape, out_shape)
     if groups is None:
         return [None]
@@ -231,7 +227,7 @@ def _sort(eqn, sigs, *, dimension, **_):
 @register(P.top_k_p)
 def _top_k(eqn, sigs, **_):
     sig = sigs[0]
-    last = len(_shape(eqn.invars[0])) - 1
+    last = len(var_shape(eqn.invars[0])) - 1
     return [None if sig is None or last in sig.axes else sig for _ in eqn.outvars]
 
 
@@ -240,7 +236,7 @@ def _pad(eqn, sigs, *, padding_config, **_):
     sig = sigs[0]
     if sig is None:
         return [None]
-    out_shape = _shape(eqn.outvars[0])
+    out_shape = var_shape(eqn.outvars[0])
     stride = tuple(s / (padding_config[a][2] + 1) for s, a in zip(sig.stride, sig.axes))
     return [Spatial(axes=sig.axes, size=(out_shape[sig.axes[0]], out_shape[sig.axes[1]]),
                     stride=stride)]  # fmt: skip
@@ -251,7 +247,7 @@ def _slice(eqn, sigs, *, start_indices, limit_indices, strides=None, **_):
     sig = sigs[0]
     if sig is None:
         return [None]
-    out_shape = _shape(eqn.outvars[0])
+    out_shape = var_shape(eqn.outvars[0])
     st = strides or (1,) * len(out_shape)
     stride = tuple(s * st[a] for s, a in zip(sig.stride, sig.axes))
     return [Spatial(axes=sig.axes, size=(out_shape[sig.axes[0]], out_shape[sig.axes[1]]),
@@ -273,7 +269,7 @@ def _gather(eqn, sigs, *, operands, **_):
     pick, axes = found
     stride = list(sig.stride)
     stride[pick.axis] = stride[pick.axis] * pick.step / pick.repeat
-    out_shape = _shape(eqn.outvars[0])
+    out_shape = var_shape(eqn.outvars[0])
     return [Spatial(axes=axes, size=(out_shape[axes[0]], out_shape[axes[1]]), stride=stride)]
 
 
@@ -290,7 +286,7 @@ def _conv(eqn, sigs, **_):
     win = conv_window(eqn, sig)
     if win is None:
         return [None]
-    return [_windowed_out(sig, win, _shape(eqn.outvars[0]), conv_out_axes(eqn, sig))]
+    return [_windowed_out(sig, win, var_shape(eqn.outvars[0]), conv_out_axes(eqn, sig))]
 
 
 @register(P.reduce_window_sum_p, P.reduce_window_max_p, P.reduce_window_min_p)
@@ -299,7 +295,7 @@ def _reduce_window(eqn, sigs, **_):
     if sig is None:
         return [None]
     win = reduce_window_window(eqn, sig)
-    return [_windowed_out(sig, win, _shape(eqn.outvars[0]), sig.axes)]
+    return [_windowed_out(sig, win, var_shape(eqn.outvars[0]), sig.axes)]
 
 
 @register(P.reduce_window_p)
@@ -308,7 +304,7 @@ def _reduce_window_generic(eqn, sigs, **_):
     if sig is None or any(s is not None and s != sig for s in sigs):
         return [None for _ in eqn.outvars]
     win = reduce_window_window(eqn, sig)
-    return [_windowed_out(sig, win, _shape(o), sig.axes) for o in eqn.outvars]
+    return [_windowed_out(sig, win, var_shape(o), sig.axes) for o in eqn.outvars]
 
 
 @register(P.dot_general_p)
@@ -317,7 +313,7 @@ def _dot_general(eqn, sigs, *, dimension_numbers, operands=None, **_):
     ls, rs = sigs
     if ls is not None and rs is not None:
         return [None]
-    nl, nr = len(_shape(eqn.invars[0])), len(_shape(eqn.invars[1]))
+    nl, nr = len(var_shape(eqn.invars[0])), len(var_shape(eqn.invars[1]))
     sig, contracted = (ls, set(lc) | set(lb)) if ls is not None else (rs, set(rc) | set(rb))
     if set(sig.axes) & contracted:
         found = linear_map(eqn, sigs, operands or [None, None])
@@ -327,7 +323,7 @@ def _dot_general(eqn, sigs, *, dimension_numbers, operands=None, **_):
         n_in, n_out = lm.weights.shape
         stride = list(sig.stride)
         stride[lm.axis] = stride[lm.axis] * Fraction(n_in, n_out)
-        out_shape = _shape(eqn.outvars[0])
+        out_shape = var_shape(eqn.outvars[0])
         return [Spatial(axes=axes, size=(out_shape[axes[0]], out_shape[axes[1]]), stride=stride)]
     if ls is not None:
         free = [a for a in range(nl) if a not in lc and a not in lb]

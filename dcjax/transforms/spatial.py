@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import Any
 
-__all__ = ["Spatial", "first_spatial"]
+__all__ = ["Spatial", "first_spatial", "var_shape"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,3 +44,8 @@ class Spatial:
 def first_spatial(sigs: Sequence[Spatial | None]) -> Spatial | None:
     """The first signature of ``sigs`` that is not None, or None."""
     return next((s for s in sigs if s is not None), None)
+
+
+def var_shape(v: Any) -> tuple[int, ...]:
+    """The shape of a jaxpr variable or literal (its abstract value's)."""
+    return tuple(v.aval.shape)

@@ -29,7 +29,7 @@ from jax.extend.core import primitives as P
 
 from dcjax.transforms._registry import registrar
 from dcjax.transforms.signature_rules import ELEMENTWISE
-from dcjax.transforms.spatial import Spatial
+from dcjax.transforms.spatial import Spatial, var_shape
 
 __all__ = [
     "POINTWISE",
@@ -50,10 +50,6 @@ register = registrar(VARIATION_RULES, "variation rule")
 POINTWISE = frozenset([*ELEMENTWISE, P.concatenate_p])
 
 
-def _shape(v: Any) -> tuple[int, ...]:
-    return tuple(v.aval.shape)
-
-
 def input_axes(shape: Sequence[int]) -> Axes:
     """What is known of an unknown value (a parameter): every axis longer than one."""
     return Axes(a for a, n in enumerate(shape) if n > 1)
@@ -70,7 +66,7 @@ def varying_axes(eqn: Any, operands: Sequence[Axes]) -> list[Axes]:
     rule = VARIATION_RULES.get(eqn.primitive)
     if rule is not None:
         return rule(eqn, operands, **eqn.params)
-    return [input_axes(_shape(o)) for o in eqn.outvars]
+    return [input_axes(var_shape(o)) for o in eqn.outvars]
 
 
 @register(*ELEMENTWISE)
@@ -81,7 +77,7 @@ def _elementwise(eqn, operands, **_):
 
 @register(P.broadcast_in_dim_p)
 def _broadcast_in_dim(eqn, operands, *, broadcast_dimensions, **_):
-    shape = _shape(eqn.invars[0])
+    shape = var_shape(eqn.invars[0])
     return [Axes(broadcast_dimensions[a] for a in operands[0] if shape[a] > 1)]
 
 
