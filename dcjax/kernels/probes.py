@@ -10,12 +10,12 @@ Contract:
 - `probes(layers)` picks, among ``{key: (TilePlan, dtype)}``, one layer per
   class: the one of most dense FLOPs (the first of them on a tie). Its
   candidates are all measured.
-- `winning_kinds(costs, fractions)` takes one layer's measured costs
-  (``{candidate name: seconds at each of fractions}``) and returns the kernel
-  kinds (``"rows"`` for ``"rows:64"``) that cost the least, ties included, at
-  some fraction below 1 (where a layer is all dirty every candidate computes
-  it in full). The other layers of the class measure the dense candidate and
-  these kinds only (`dcjax.kernels.tuning.tune`).
+- `winners(costs, fractions)` takes one layer's measured costs
+  (``{candidate name: seconds at each of fractions}``) and returns the names
+  of the candidates that cost the least, ties included, at some fraction
+  below 1 (where a layer is all dirty every candidate computes it in full).
+  The other layers of the class measure the dense candidate and the kinds of
+  these winners only (``"rows"`` for ``"rows:64"``: `dcjax.kernels.tuning.tune`).
 
 Why: compiling the candidates is most of a first tuning, and on the zoo's
 layers a kind that loses every fraction on a class's largest layer almost
@@ -33,12 +33,7 @@ import jax.numpy as jnp
 from dcjax.kernels.auto import dense_flops
 from dcjax.kernels.tiles import TilePlan
 
-__all__ = ["kind", "layer_class", "probes", "winning_kinds"]
-
-
-def kind(name: str) -> str:
-    """The kernel kind of a candidate's name: ``"rows"`` for ``"rows:64"``."""
-    return name.split(":", 1)[0]
+__all__ = ["layer_class", "probes", "winners"]
 
 
 def layer_class(p: TilePlan, dtype: Any) -> tuple:
@@ -62,12 +57,12 @@ def probes(layers: Mapping[str, tuple[TilePlan, Any]]) -> set[str]:
     return {key for _, key in best.values()}
 
 
-def winning_kinds(costs: Mapping[str, Sequence[float]], fractions: Sequence[float]) -> set[str]:
-    """The kinds of least cost at some fraction below 1 (see the module docstring)."""
+def winners(costs: Mapping[str, Sequence[float]], fractions: Sequence[float]) -> set[str]:
+    """The candidates of least cost at some fraction below 1 (see the module docstring)."""
     out: set[str] = set()
     for i, f in enumerate(fractions):
         if f >= 1.0:
             continue
         least = min(v[i] for v in costs.values())
-        out.update(kind(name) for name, v in costs.items() if v[i] <= least)
+        out.update(name for name, v in costs.items() if v[i] <= least)
     return out

@@ -339,9 +339,8 @@ def tune(
         kept: dict[tuple, set[str]] = {}
         for key in first:
             p, dtype, cands = layers[key]
-            kept[_probes.layer_class(p, dtype)] = _probes.winning_kinds(
-                _costs(cache, machine, key, cands), FRACTIONS
-            )
+            won = _probes.winners(_costs(cache, machine, key, cands), FRACTIONS)
+            kept[_probes.layer_class(p, dtype)] = {c.impl for c in cands if c.name in won}
         rest = {}
         for key, (p, dtype, cands) in layers.items():
             if key in first:
