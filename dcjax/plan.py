@@ -8,10 +8,11 @@ is traced or compiled. Every per-layer decision of the step is made here:
 - `LayerPlan.keeps_cache`: whether the layer's kernel reads a cache
   (`dcjax.kernels.reads_cache`). A layer computed in full without a select
   keeps none: every plain layer under ``kernel="dense"``, small layers on CPU
-  under ``"auto"`` (`dcjax.kernels.auto`), every layer when semantic exits
-  never reuse, and the expansion and depthwise layers of an inverted-residual
-  chain (`Config.fuse_blocks`), computed on dirty tiles with the chain's
-  projection, which alone keeps a cache.
+  under ``"auto"`` (`dcjax.kernels.auto`), transposed and other non-NHWC
+  convolutions under every kernel but ``"reference"``, every layer when
+  semantic exits never reuse, and the expansion and depthwise layers of an
+  inverted-residual chain (`Config.fuse_blocks`), computed on dirty tiles with
+  the chain's projection, which alone keeps a cache.
 - `LayerPlan.refined` and `LayerPlan.ref_owner`: whether the change test of
   `Config.refine` runs at the layer's input (only where the layer keeps a
   cache: a layer computed in full has nothing to reuse), and which layer owns

@@ -632,6 +632,53 @@ def test_layers_computed_densely_keep_no_cache():
         assert not any(small.sparse)
 
 
+def test_a_transposed_conv_is_computed_in_full_and_keeps_no_cache():
+    """No sparse kernel computes a transposed convolution: the step computes it
+    from the current input, as the model does, and keeps no cache for it
+    (selecting one would put back values of earlier frames). Only the oracle,
+    ``kernel="reference"``, selects its cache."""
+    dn = ("NHWC", "HWIO", "NHWC")
+
+    def model(p, x):
+        y = jax.lax.conv_general_dilated(x, p["w1"], (2, 2), "SAME", dimension_numbers=dn)
+        return jax.lax.conv_transpose(jax.nn.relu(y), p["w2"], (2, 2), "SAME", dimension_numbers=dn)
+
+    k1, k2 = jax.random.split(jax.random.key(5))
+    params = {
+        "w1": jax.random.normal(k1, (3, 3, 3, 8)) * 0.5,
+        "w2": jax.random.normal(k2, (3, 3, 8, 4)) * 0.5,
+    }
+
+    def make(kernel):
+        cfg = deepcache.Config(
+            kernel=kernel, psnr_threshold=20.0, matcher="static", skip_unchanged=False
+        )
+        return deepcache.transform(model, params, frame_shape=(SIZE, SIZE, 3), config=cfg)
+
+    ref = jax.jit(lambda f: model(params, f[None]))
+    # the second frame differs from the first by a little everywhere: every
+    # block passes the PSNR test, so both layers' masks say reusable (and the
+    # network runs: not skipped as a still frame)
+    first = _photo(SIZE, 9)
+    noise = np.random.default_rng(0).uniform(-0.02, 0.02, first.shape).astype(np.float32)
+    second = np.clip(first + noise, 0.0, 1.0)
+    dense, oracle = make("dense"), make("reference")
+    assert dense.keeps_cache == (False, False) and oracle.keeps_cache == (True, True)
+    sd, so = dense.init(), oracle.init()
+    assert all(c is None for c in sd.caches)
+    for f in (first, second):
+        out_d, sd, info = dense.step(sd, f)
+        out_o, so, _ = oracle.step(so, f)
+    # the step computed every layer from the second frame
+    assert float(np.asarray(info["reuse_fraction"]).min()) == 1.0
+    _close(out_d, ref(second))
+    # the oracle's select put back the first frame's outputs
+    _close(out_o, ref(first))
+    assert np.abs(np.asarray(out_o) - np.asarray(ref(second))).max() > 1e-3
+    for kernel in ("xla", "auto"):
+        assert make(kernel).keeps_cache[1] is False
+
+
 def test_epilogues_are_cached_with_their_layers():
     """Batch norm and ReLU are cached with the conv: same outputs, fewer passes."""
 

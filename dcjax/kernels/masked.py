@@ -193,7 +193,8 @@ def masked_conv_eqn(
     ``mask`` is (Ho, Wo) in the output's spatial order and ``cached`` has the
     equation's output layout. Plain NHWC convolutions with default precision go
     through `masked_conv` (Pallas interpreted on CPU); any other layout, and
-    ``impl="reference"``, computes the equation densely and selects. An
+    ``impl="reference"``, computes the equation densely and selects (the step
+    computes other layouts with `dense_conv_eqn` instead: `reads_cache`). An
     ``epilogue`` is only accepted for plain convolutions (channels last).
     """
     p = eqn.params
@@ -227,12 +228,16 @@ def reads_cache(eqn, impl: str) -> bool:
 
     False when the equation is computed densely without a select: ``impl=
     "dense"``, or ``"auto"`` choosing ``"dense"`` (small layers on CPU), for a
-    plain NHWC convolution. Such a layer needs no cache: `dense_conv_eqn`
-    computes it, and the transform keeps no state for it.
+    plain NHWC convolution; and any other convolution (transposed, other
+    layouts) under every impl but ``"reference"``: no sparse kernel computes
+    it, so selecting its cache would only add a shift and a select to its
+    full computation, and put back values of earlier frames where the full
+    computation has the current ones. Such a layer needs no cache:
+    `dense_conv_eqn` computes it, and the transform keeps no state for it.
     """
     p = eqn.params
     if not plain_conv(p):
-        return True
+        return impl == "reference"
     if impl == "dense":
         return False
     if impl != "auto":
