@@ -19,6 +19,7 @@ from dcjax.kernels.geometry import plain_conv
 from dcjax.transforms.calls import sub_jaxpr
 from dcjax.transforms.records import EqnInfo
 from dcjax.transforms.signature_rules import ELEMENTWISE
+from dcjax.transforms.spatial import var_shape
 
 __all__ = ["EPILOGUE_PRIMITIVES", "elementwise_call", "find_epilogues", "is_dense"]
 
@@ -50,7 +51,7 @@ def elementwise_call(eqn) -> jcore.ClosedJaxpr | None:
     sub = sub_jaxpr(eqn)
     if sub is None or len(eqn.outvars) != 1:
         return None
-    return sub if _elementwise_body(sub, tuple(eqn.outvars[0].aval.shape)) else None
+    return sub if _elementwise_body(sub, var_shape(eqn.outvars[0])) else None
 
 
 def _broadcasts_to(s: tuple[int, ...], shape: tuple[int, ...]) -> bool:
@@ -68,7 +69,7 @@ def _per_channel(v, shape: tuple[int, ...]) -> bool:
     """A literal scalar, or a variable broadcast along every axis but the last."""
     if isinstance(v, jcore.Literal):
         return np.ndim(v.val) == 0
-    return _channel_shape(tuple(v.aval.shape), shape)
+    return _channel_shape(var_shape(v), shape)
 
 
 def _elementwise_body(closed: jcore.ClosedJaxpr, shape: tuple[int, ...]) -> bool:
@@ -76,7 +77,7 @@ def _elementwise_body(closed: jcore.ClosedJaxpr, shape: tuple[int, ...]) -> bool
     jaxpr = closed.jaxpr
     if len(jaxpr.outvars) != 1 or jaxpr.constvars:
         return False
-    if not all(_broadcasts_to(tuple(u.aval.shape), shape) for u in jaxpr.invars):
+    if not all(_broadcasts_to(var_shape(u), shape) for u in jaxpr.invars):
         return False
     known = set(jaxpr.invars)
     for e in jaxpr.eqns:
@@ -92,7 +93,7 @@ def _elementwise_body(closed: jcore.ClosedJaxpr, shape: tuple[int, ...]) -> bool
                 return False
         elif e.primitive not in _ELEMENTWISE_SET:
             return False
-        if not all(_broadcasts_to(tuple(o.aval.shape), shape) for o in e.outvars):
+        if not all(_broadcasts_to(var_shape(o), shape) for o in e.outvars):
             return False
         known.update(e.outvars)
     return jaxpr.outvars[0] in known
@@ -109,7 +110,7 @@ def _epilogue_eqn_ok(e, info: EqnInfo, inside: set, read_dyn, sig, shape) -> boo
     """
     if info.fused_into is not None or len(e.outvars) != 1 or any(info.anchored):
         return False
-    if tuple(e.outvars[0].aval.shape) != shape:
+    if var_shape(e.outvars[0]) != shape:
         return False
     if e.primitive not in EPILOGUE_PRIMITIVES and elementwise_call(e) is None:
         return False
@@ -119,7 +120,7 @@ def _epilogue_eqn_ok(e, info: EqnInfo, inside: set, read_dyn, sig, shape) -> boo
         if isinstance(u, jcore.Literal) or not read_dyn(u):
             if not _per_channel(u, shape):
                 return False
-        elif s != sig or tuple(u.aval.shape) != shape:
+        elif s != sig or var_shape(u) != shape:
             return False
     return True
 
@@ -156,7 +157,7 @@ def find_epilogues(jaxpr: jcore.Jaxpr, infos: list[EqnInfo], read_dyn) -> None:
         if info.layer is None or not plain_conv(eqn.params):
             continue
         v0 = eqn.outvars[0]
-        shape, dtype, sig = tuple(v0.aval.shape), v0.aval.dtype, info.out_sigs[0]
+        shape, dtype, sig = var_shape(v0), v0.aval.dtype, info.out_sigs[0]
         inside, left = {v0}, {v0: outside.get(v0, 0)}  # uses not yet in the epilogue
         region: list[int] = []
         best: list[int] = []
@@ -191,7 +192,7 @@ def is_dense(eqn, isigs, idyn) -> bool:
     ``isigs`` and ``idyn`` are its operands' signatures and whether each
     depends on the frame.
     """
-    lhs, rhs = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
+    lhs, rhs = var_shape(eqn.invars[0]), var_shape(eqn.invars[1])
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     return (
         idyn[0]
