@@ -6,9 +6,10 @@ up to ``nbytes`` of freed memory at the top of each heap instead of handing it
 back to the operating system, and to serve every block of up to ``nbytes``
 from a heap rather than from a mapping of its own; it returns True where it
 did (Linux with glibc), False elsewhere (a no-op). It only ever raises the
-amount: a call with less than an earlier one changes nothing. `configured_pad()` is the amount the
-``dcjax`` command uses: `DEFAULT_TOP_PAD`, or the ``DCJAX_MALLOC_TOP_PAD``
-environment variable in bytes (0: leave the allocator alone).
+amount: a call with less than an earlier one changes nothing.
+`configured_pad()` is the amount the ``dcjax`` command uses:
+`DEFAULT_TOP_PAD`, or the ``DCJAX_MALLOC_TOP_PAD`` environment variable in
+bytes (0: leave the allocator alone).
 
 Why: XLA:CPU allocates an executable's temporary buffers on every call, from
 the heap of the thread that runs it, and frees them at the end. With glibc's

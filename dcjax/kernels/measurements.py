@@ -48,10 +48,10 @@ def machine_key() -> str:
     (on CPU, the processor's model, `cpu_model`: XLA's device kind is ``"cpu"``
     on every processor), cores this process may use, jax and jaxlib versions,
     and on CPU the freed heap memory the allocator keeps and the blocks it
-    serves from heaps (`dcjax.allocator.current_pad`: without them XLA:CPU's buffers fault their
-    pages in on every call, which slows large dense layers several-fold, so
-    the ``dcjax`` command and a program that leaves the allocator alone keep
-    their own measurements)."""
+    serves from heaps (`dcjax.allocator.current_pad`: without them XLA:CPU's
+    buffers fault their pages in on every call, which slows large dense
+    layers several-fold, so the ``dcjax`` command and a program that leaves
+    the allocator alone keep their own measurements)."""
     import jaxlib
 
     backend = jax.default_backend()
