@@ -1,15 +1,12 @@
-"""Keeping freed heap memory for reuse between frames (glibc's ``M_TOP_PAD``
-and ``M_MMAP_THRESHOLD``).
+"""Keeping freed heap memory for reuse between frames (glibc's ``M_TOP_PAD``).
 
 Contract: `keep_freed_memory(nbytes)` asks the C library's allocator to keep
 up to ``nbytes`` of freed memory at the top of each heap instead of handing it
-back to the operating system, and to serve every block of up to ``nbytes``
-from a heap rather than from a mapping of its own; it returns True where it
-did (Linux with glibc), False elsewhere (a no-op). It only ever raises the
-amount: a call with less than an earlier one changes nothing.
-`configured_pad()` is the amount the ``dcjax`` command uses:
-`DEFAULT_TOP_PAD`, or the ``DCJAX_MALLOC_TOP_PAD`` environment variable in
-bytes (0: leave the allocator alone).
+back to the operating system, and returns True where it did (Linux with
+glibc), False elsewhere (a no-op). It only ever raises the amount: a call with
+less than an earlier one changes nothing. `configured_pad()` is the amount the
+``dcjax`` command uses: `DEFAULT_TOP_PAD`, or the ``DCJAX_MALLOC_TOP_PAD``
+environment variable in bytes (0: leave the allocator alone).
 
 Why: XLA:CPU allocates an executable's temporary buffers on every call, from
 the heap of the thread that runs it, and frees them at the end. With glibc's
@@ -17,14 +14,7 @@ defaults the heap's top is trimmed after each call, so the next call faults
 every page in again, zero-filled by the kernel: a cached step of MobileNetV2
 at 576x768 touched 53 MB of fresh pages a frame (13,000 page faults) and,
 with the pad, 0.3 MB (docs/performance-notes.md, "The command keeps freed
-heap memory (M_TOP_PAD)"). The pad alone is not enough where a worker
-thread's blocks outgrow its heap (64 MB on 64-bit glibc): setting the pad
-fixes glibc's mmap threshold at 128 KB, so such blocks were mapped afresh
-and faulted in on every call (CenterFace's cached step at 576x768: 36 MB a
-frame). The mmap threshold raised to ``nbytes`` makes glibc add heaps
-instead, which it keeps ("The command keeps blocks up to the pad in heaps
-(M_MMAP_THRESHOLD)"). A block larger than one heap in a worker thread is
-still mapped on each call. The setting is process-wide, so the library leaves
+heap memory (M_TOP_PAD)"). The setting is process-wide, so the library leaves
 it to its caller: the ``dcjax`` command sets it on start, a program that
 embeds dcjax may call `keep_freed_memory` itself.
 """
@@ -48,10 +38,7 @@ DEFAULT_TOP_PAD = 256 << 20
 #: Environment variable overriding `DEFAULT_TOP_PAD` for the command (bytes; 0: off).
 PAD_ENV = "DCJAX_MALLOC_TOP_PAD"
 
-_M_TOP_PAD = -2  # glibc's mallopt parameter numbers
-_M_MMAP_THRESHOLD = -3
-# Where glibc refuses a threshold above half its largest heap: that half, on 64-bit.
-_FALLBACK_MMAP_THRESHOLD = 32 << 20
+_M_TOP_PAD = -2  # glibc's mallopt parameter number
 _set = {"pad": 0}
 
 
@@ -77,11 +64,8 @@ def keep_freed_memory(nbytes: int = DEFAULT_TOP_PAD) -> bool:
     if nbytes <= _set["pad"]:
         return True
     # mallopt takes an int: clamp to its range
-    value = min(nbytes, 2**31 - 1)
-    if mallopt(_M_TOP_PAD, value) != 1:
+    if mallopt(_M_TOP_PAD, min(nbytes, 2**31 - 1)) != 1:
         return False
-    if mallopt(_M_MMAP_THRESHOLD, value) != 1:
-        mallopt(_M_MMAP_THRESHOLD, min(value, _FALLBACK_MMAP_THRESHOLD))
     _set["pad"] = nbytes
     return True
 

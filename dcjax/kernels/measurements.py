@@ -47,11 +47,11 @@ def machine_key() -> str:
     """What a measurement depends on besides the layer: backend, device kind
     (on CPU, the processor's model, `cpu_model`: XLA's device kind is ``"cpu"``
     on every processor), cores this process may use, jax and jaxlib versions,
-    and on CPU the freed heap memory the allocator keeps and the blocks it
-    serves from heaps (`dcjax.allocator.current_pad`: without them XLA:CPU's
-    buffers fault their pages in on every call, which slows large dense
-    layers several-fold, so the ``dcjax`` command and a program that leaves
-    the allocator alone keep their own measurements)."""
+    and on CPU the freed heap memory the allocator keeps
+    (`dcjax.allocator.current_pad`: without it XLA:CPU's buffers fault their
+    pages in on every call, which slows large dense layers several-fold, so
+    the ``dcjax`` command and a program that leaves the allocator alone keep
+    their own measurements)."""
     import jaxlib
 
     backend = jax.default_backend()
@@ -59,7 +59,7 @@ def machine_key() -> str:
     setting: tuple[str, ...] = ()
     if backend == "cpu":
         kind = f"{kind} {cpu_model()}"
-        setting = (f"heap pad and mmap threshold {current_pad() >> 20} MiB",)
+        setting = (f"heap pad {current_pad() >> 20} MiB",)
     versions = f"jax {jax.__version__}", f"jaxlib {jaxlib.__version__}"
     return "|".join((backend, kind, f"{cores()} cores", *setting, *versions))
 
