@@ -132,11 +132,11 @@ def _chain_unbatched(x, ws, reuse_mask, cached, ops, pix, links, p):
     (ply, _), (plx, _) = p.pads
     sy, sx = p.strides
 
-    def step(out, start, size, xp, ws, origins, ops, pix):
+    def step(out, start, size, x, ws, origins, ops, pix):
         o = lax.dynamic_slice_in_dim(origins, start, size)
         at_tiles = tuple(_xla.gather_tiles(q, o, p.th, p.tw) for q in pix)
         la, lb, lc = _relinked((links[0], b_valid, links[2]), ws, ops, at_tiles)
-        win = _xla.gather_windows(xp, o, p)
+        win = _xla.gather_windows(x, o, p)
         rows = o[:, 1:2] * sy + jnp.arange(p.win_h)[None] - ply
         cols = o[:, 2:3] * sx + jnp.arange(p.win_w)[None] - plx
         inside = ((rows >= 0) & (rows < p.h))[:, :, None] & ((cols >= 0) & (cols < p.w))[:, None]
@@ -148,9 +148,9 @@ def _chain_unbatched(x, ws, reuse_mask, cached, ops, pix, links, p):
     def dense(x, ws, dirty, ops, pix):
         return dense_chain(x, _relinked(links, ws, ops, pix))
 
-    def prepare(x, ws, dirty, ops, pix):  # once a frame: the dirty list and the padding
+    def prepare(x, ws, dirty, ops, pix):  # once a frame: the dirty list
         origins = _tiles.dirty_tile_list(dirty, p, p.capacity)
-        return _tiles.pad_input(x, p), ws, origins, ops, pix
+        return x, ws, origins, ops, pix
 
     return _xla.sparse_or_dense(
         cached, units, p.sizes, step, use_dense, dense, (x, ws, dirty, ops, pix), prepare

@@ -4,7 +4,7 @@ Contract:
 
 - `TuningCache` keeps measurements in a JSON file keyed by the machine
   (`machine_key`: backend, device kind or processor model, cores, on CPU the
-  allocator's heap pad, jax and jaxlib versions) and the layer's geometry
+  allocator's heap pad, jax and jaxlib versions, `KERNELS_REVISION`) and the layer's geometry
   (`dcjax.kernels.tiles.layer_key`), so a layer is measured once per machine
   and software; `default_path` says where the file lives (``$DCJAX_TUNING_CACHE``,
   `CACHE_ENV`). Each measurement is seconds a call at each of `FRACTIONS`; a
@@ -28,6 +28,7 @@ from dcjax.allocator import current_pad
 __all__ = [
     "CACHE_ENV",
     "FRACTIONS",
+    "KERNELS_REVISION",
     "TuningCache",
     "cores",
     "cpu_model",
@@ -39,6 +40,11 @@ __all__ = [
 #: cost between them is linear (`expected_cost`).
 FRACTIONS: tuple[float, ...] = (0.0, 0.125, 0.25, 0.5, 1.0)
 
+#: Revision of the sparse kernels' code, part of `machine_key`: raised by a
+#: change that alters what a kernel costs, so that measurements of the older
+#: code are not read (2: tile windows read from the unpadded input).
+KERNELS_REVISION = 2
+
 #: Environment variable naming the measurements' file (`default_path`).
 CACHE_ENV = "DCJAX_TUNING_CACHE"
 
@@ -47,7 +53,7 @@ def machine_key() -> str:
     """What a measurement depends on besides the layer: backend, device kind
     (on CPU, the processor's model, `cpu_model`: XLA's device kind is ``"cpu"``
     on every processor), cores this process may use, jax and jaxlib versions,
-    and on CPU the freed heap memory the allocator keeps
+    the kernels' revision (`KERNELS_REVISION`), and on CPU the freed heap memory the allocator keeps
     (`dcjax.allocator.current_pad`: without it XLA:CPU's buffers fault their
     pages in on every call, which slows large dense layers several-fold, so
     the ``dcjax`` command and a program that leaves the allocator alone keep
@@ -61,7 +67,8 @@ def machine_key() -> str:
         kind = f"{kind} {cpu_model()}"
         setting = (f"heap pad {current_pad() >> 20} MiB",)
     versions = f"jax {jax.__version__}", f"jaxlib {jaxlib.__version__}"
-    return "|".join((backend, kind, f"{cores()} cores", *setting, *versions))
+    revision = f"kernels r{KERNELS_REVISION}"
+    return "|".join((backend, kind, f"{cores()} cores", *setting, *versions, revision))
 
 
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:

@@ -13,9 +13,11 @@ Pixels outside every computed rectangle are copied from ``cached`` untouched.
 
 Input windows: the computed rectangle at origin ``(oy, ox)`` needs the window
 of the padded input starting at ``(oy*sy, ox*sx)`` of size
-``((th-1)*sy + (kh-1)*dy + 1, (tw-1)*sx + (kw-1)*dx + 1)``; `pad_input` pads
-(or crops) ``x`` once so that every window lies inside it and a VALID
-convolution of a window gives exactly that output rectangle.
+``((th-1)*sy + (kh-1)*dy + 1, (tw-1)*sx + (kw-1)*dx + 1)``; a VALID
+convolution of that window gives exactly the output rectangle. `pad_input`
+pads (or crops) ``x`` so that every window lies inside it; the tile kernels
+instead read the windows from ``x`` itself, zeros where a window covers the
+padding (`reads_padding`, `dcjax.kernels.xla.gather_windows`).
 
 Capacities. The number of dirty tiles is dynamic; the compute is sized
 statically in *chunks* of `TilePlan.chunk` tiles (pooled over the batch): the
@@ -62,6 +64,7 @@ __all__ = [
     "normalize_padding",
     "pad_input",
     "plan",
+    "reads_padding",
     "schedule",
     "tile_dirty",
     "work_fraction",
@@ -326,6 +329,20 @@ def pad_input(
     zero = jnp.zeros((), x.dtype)
     cfg = ((0, 0, 0), (ply, need_h - p.h - ply, 0), (plx, need_w - p.w - plx, 0), (0, 0, 0))
     return lax.pad(x, zero, cfg)
+
+
+def reads_padding(p: TilePlan) -> bool:
+    """Whether the window of some tile reaches into the convolution's padding
+    (it starts before the map or ends after it; the origins are static)."""
+    for size, win, pad, stride, t, n_out, n_tiles in (
+        (p.h, p.win_h, p.pads[0][0], p.strides[0], p.th, p.ho, p.nty),
+        (p.w, p.win_w, p.pads[1][0], p.strides[1], p.tw, p.wo, p.ntx),
+    ):
+        for i in range(n_tiles):
+            start = min(i * t, n_out - t) * stride - pad
+            if start < 0 or start + win > size:
+                return True
+    return False
 
 
 def dirty_fraction(

@@ -12,8 +12,8 @@ batch, decides (`tiles.schedule`):
   size, inside the sparse path's loop) and computed in steps of static sizes
   ``chunk * 2**j`` (`TilePlan.sizes`, largest first), each run when bit j of
   ``ceil(n_dirty / chunk)`` is set; each step gathers the input windows (tile
-  plus halo) of its tiles from the padded input, runs one VALID convolution
-  over that batch of windows and scatters the tiles into the output, which
+  plus halo) of its tiles from the unpadded input (`gather_windows`), runs one
+  VALID convolution over that batch of windows and scatters the tiles into the output, which
   starts as ``cached`` (updated in place when the caller donates the cache
   buffer, e.g. a jitted step with donated state or a `lax.scan` carry;
   otherwise XLA copies the cache once). No dirty tile: no step, the output is
@@ -58,26 +58,41 @@ __all__ = [
 ]
 
 
-def gather_windows(xp: jax.Array, origins: jax.Array, p: _tiles.TilePlan) -> jax.Array:
-    """Input windows (capacity, win_h, win_w, Cin) of the tiles at ``origins``.
+def gather_windows(x: jax.Array, origins: jax.Array, p: _tiles.TilePlan) -> jax.Array:
+    """Input windows (capacity, win_h, win_w, Cin) of the tiles at ``origins``,
+    read from the unpadded input ``x``, zeros where a window covers the
+    convolution's padding.
+
+    Where no window reaches the padding (`tiles.reads_padding`), each window is
+    one slice of ``x``; otherwise every window pixel is gathered on its own at
+    its row and column clamped into the map and zeroed outside it. Either way
+    the map is not padded: padding copies all of it once a frame, which costs
+    more than the windows of a few dirty tiles (docs/performance-notes.md,
+    "Tile windows are read from the unpadded input").
 
     Args:
-        xp: input padded by `tiles.pad_input`.
+        x: (N, H, W, Cin) input.
         origins: int32 (capacity, 3) rows (n, oy, ox) of output tile origins.
         p: the plan.
     """
     sy, sx = p.strides
-    starts = jnp.stack(
-        [origins[:, 0], origins[:, 1] * sy, origins[:, 2] * sx, jnp.zeros_like(origins[:, 0])],
-        axis=1,
-    )
+    (ply, _), (plx, _) = p.pads
+    row, col = origins[:, 1] * sy - ply, origins[:, 2] * sx - plx
+    if _tiles.reads_padding(p):
+        rows = row[:, None] + jnp.arange(p.win_h)[None]
+        cols = col[:, None] + jnp.arange(p.win_w)[None]
+        inside = ((rows >= 0) & (rows < p.h))[:, :, None] & ((cols >= 0) & (cols < p.w))[:, None]
+        rows, cols = jnp.clip(rows, 0, p.h - 1), jnp.clip(cols, 0, p.w - 1)
+        win = x[origins[:, 0, None, None], rows[:, :, None], cols[:, None, :]]
+        return jnp.where(inside[..., None], win, jnp.zeros((), x.dtype))
+    starts = jnp.stack([origins[:, 0], row, col, jnp.zeros_like(row)], axis=1)
     dnums = lax.GatherDimensionNumbers(
         offset_dims=(1, 2, 3),
         collapsed_slice_dims=(0,),
         start_index_map=(0, 1, 2, 3),
     )
     return lax.gather(
-        xp,
+        x,
         starts,
         dnums,
         slice_sizes=(1, p.win_h, p.win_w, p.cin),
@@ -196,9 +211,9 @@ def _masked_conv_unbatched(
     dirty = _tiles.tile_dirty(reuse_mask, p)
     use_dense, units = _tiles.schedule(dirty.sum(), p)
 
-    def step(out, start, size, xp, w, origins, epi_ops):
+    def step(out, start, size, x, w, origins, epi_ops):
         o = lax.dynamic_slice_in_dim(origins, start, size)
-        fresh = valid_conv(gather_windows(xp, o, p), w, p, how)
+        fresh = valid_conv(gather_windows(x, o, p), w, p, how)
         ops, pix = epi_ops
         pix = tuple(gather_tiles(q, o, p.th, p.tw) for q in pix)
         return scatter_tiles(out, o, apply_epilogue(fn, fresh.astype(out_dtype), ops, pix))
@@ -206,9 +221,9 @@ def _masked_conv_unbatched(
     def dense(x, w, dirty, epi_ops):
         return apply_epilogue(fn, dense_conv(x, w, p), *epi_ops)
 
-    def prepare(x, w, dirty, epi_ops):  # once a frame: the dirty list, padding, group slices
+    def prepare(x, w, dirty, epi_ops):  # once a frame: the dirty list, group slices
         origins = _tiles.dirty_tile_list(dirty, p, p.capacity)
-        return _tiles.pad_input(x, p), group_weights(w, p, how), origins, epi_ops
+        return x, group_weights(w, p, how), origins, epi_ops
 
     return sparse_or_dense(
         cached.astype(out_dtype), units, p.sizes, step, use_dense, dense,

@@ -73,3 +73,16 @@ def test_measurements_are_kept_per_heap_pad(monkeypatch, tmp_path):
     key = layer_key(_layer(), jnp.float32)
     cache.put(bare, key, "dense", (1.0,) * len(km.FRACTIONS))
     assert cache.get(padded, key, "dense") is None
+
+
+def test_measurements_are_kept_per_kernels_revision(monkeypatch, tmp_path):
+    """A kernel change that alters its cost raises the revision: measurements of
+    the older code are not read."""
+    old = km.machine_key()
+    monkeypatch.setattr(km, "KERNELS_REVISION", km.KERNELS_REVISION + 1)
+    new = km.machine_key()
+    assert old != new
+    cache = km.TuningCache(tmp_path / "t.json")
+    key = layer_key(_layer(), jnp.float32)
+    cache.put(old, key, "xla", (1.0,) * len(km.FRACTIONS))
+    assert cache.get(new, key, "xla") is None

@@ -17,7 +17,9 @@ from dcjax.kernels import (
     reference_masked_conv,
     tiles,
     work_fraction,
+    xla,
 )
+from dcjax.kernels.lowering import dense_conv
 from tests.kernels._strategies import (
     Case,
     all_eqns,
@@ -245,3 +247,78 @@ def test_the_dirty_tile_list_is_built_inside_the_sparse_path() -> None:
         return masked_conv(x, w, m, c, geom, impl="xla")
 
     check_list_built_in_loops(f, x, 4, p.capacity)
+
+
+def test_which_layers_read_padding() -> None:
+    """A padded layer's border windows reach into its padding; a VALID layer's
+    and a layer padded only past its last window's end do not."""
+    geom = ConvGeometry(strides=(1, 1), padding="SAME")
+    assert tiles.reads_padding(plan((1, 10, 10, 2), (3, 3, 2, 2), geom, tile=(4, 4)))
+    valid = ConvGeometry(strides=(1, 1), padding="VALID")
+    assert not tiles.reads_padding(plan((1, 10, 10, 2), (3, 3, 2, 2), valid))
+    # stride 2 on an even side: 'SAME' pads (0, 1), and the last window needs
+    # rows 8..10 of 10: padding; cropping that row instead reads none
+    same2 = ConvGeometry(strides=(2, 2), padding="SAME")
+    assert tiles.reads_padding(plan((1, 10, 10, 2), (3, 3, 2, 2), same2))
+    cropped = ConvGeometry(strides=(2, 2), padding=((0, -1), (0, -1)))
+    assert not tiles.reads_padding(plan((1, 10, 10, 2), (3, 3, 2, 2), cropped))
+
+
+@pytest.mark.parametrize(
+    "hw, k, s, d, pad, tile",
+    [
+        ((11, 13), 3, 2, 1, ((1, 0), (1, 0)), (3, 4)),  # a stem: stride 2, padding before only
+        ((10, 10), 3, 1, 1, "SAME", (4, 4)),  # last tile clamped and overlapping
+        ((12, 9), 5, 1, 2, ((4, 4), (3, 5)), (3, 3)),  # dilated, uneven pads wider than a tile
+        ((9, 9), 3, 1, 1, ((0, 2), (2, 0)), (2, 5)),  # padding after only, on one axis
+        ((7, 8), 5, 1, 1, ((2, 2), (2, 2)), (5, 6)),  # one tile row: both borders in one window
+        ((3, 8), 5, 1, 1, ((2, 2), (2, 2)), (3, 4)),  # a window taller than the map
+        ((12, 12), 3, 2, 1, "VALID", (2, 3)),  # no padding: one slice per window
+    ],
+)
+def test_windows_read_from_the_unpadded_input(hw, k, s, d, pad, tile) -> None:
+    """Every tile's window read from the unpadded input equals the window of the
+    input padded by numpy (an independent oracle), zeros in the padding
+    included."""
+    x = np.random.default_rng(0).normal(size=(2, *hw, 3)).astype(np.float32)
+    geom = ConvGeometry(strides=(s, s), padding=pad, dilation=(d, d))
+    p = plan(x.shape, (k, k, 3, 4), geom, tile=tile)
+    (ply, phy), (plx, phx) = p.pads
+    xp = np.pad(x, ((0, 0), (ply, max(phy, 0)), (plx, max(phx, 0)), (0, 0)))
+    origins = np.array(
+        [
+            (n, min(ty * p.th, p.ho - p.th), min(tx * p.tw, p.wo - p.tw))
+            for n in range(2)
+            for ty in range(p.nty)
+            for tx in range(p.ntx)
+        ],
+        np.int32,
+    )
+    want = np.stack(
+        [xp[n, oy * s : oy * s + p.win_h, ox * s : ox * s + p.win_w] for n, oy, ox in origins]
+    )
+    got = np.asarray(jax.jit(xla.gather_windows, static_argnums=2)(x, origins, p))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_sparse_frame_pads_no_map() -> None:
+    """The sparse path of a padded 3x3 layer pads nothing as large as its input
+    (the windows are read from the input itself): the only such pad is the
+    dense path's, if its lowering pads."""
+    x = jax.random.normal(jax.random.key(0), (1, 32, 48, 3))
+    w = jax.random.normal(jax.random.key(1), (3, 3, 3, 8))
+    geom = ConvGeometry(strides=(2, 2), padding=((1, 0), (1, 0)))
+    mask = np.ones((1, 16, 24), bool)
+    mask[0, 0:3, 20:24] = False  # a corner: windows crossing two borders
+    cached = jnp.zeros((1, 16, 24, 8))
+    fn = jax.jit(lambda x, m, c: masked_conv(x, w, m, c, geom, impl="xla"))
+
+    def map_pads(f, *args):
+        eqns = all_eqns(jax.make_jaxpr(f)(*args).jaxpr)
+        return [e for e in eqns if e.primitive.name == "pad" and e.outvars[0].aval.size >= x.size]
+
+    p = plan(x.shape, w.shape, geom)
+    assert len(map_pads(fn, x, mask, cached)) == len(map_pads(lambda x: dense_conv(x, w, p), x))
+    out = np.asarray(fn(x, mask, cached))
+    ref = np.asarray(reference_masked_conv(x, w, mask, cached, geom))
+    np.testing.assert_allclose(out[0, ~mask[0]], ref[0, ~mask[0]], rtol=1e-5, atol=1e-5)
