@@ -13,10 +13,10 @@ batch, decides (`tiles.schedule`):
   ``chunk * 2**j`` (`TilePlan.sizes`, largest first), each run when bit j of
   ``ceil(n_dirty / chunk)`` is set; each step gathers the input windows (tile
   plus halo) of its tiles from the unpadded input (`gather_windows`), runs one
-  VALID convolution over that batch of windows and scatters the tiles into the output, which
-  starts as ``cached`` (updated in place when the caller donates the cache
-  buffer, e.g. a jitted step with donated state or a `lax.scan` carry;
-  otherwise XLA copies the cache once). No dirty tile: no step, the output is
+  VALID convolution over that batch of windows and scatters the tiles into the
+  output, which starts as ``cached`` (updated in place when the caller donates
+  the cache buffer, e.g. a jitted step with donated state or a `lax.scan`
+  carry; otherwise XLA copies the cache once). No dirty tile: no step, the output is
   ``cached``.
 
 No path is a conditional branch: all are loops with dynamic trip counts of
