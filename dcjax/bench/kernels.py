@@ -2,8 +2,8 @@
 
 For representative layers (AlexNet conv1 and conv2, ResNet-50's stem, 3x3
 and 1x1, YOLO-tiny's stem, MobileNetV2 depthwise and pointwise, CenterFace's
-depthwise at 576x768, EfficientNet-Lite0's stem and first pointwise layers)
-and dirty fractions 0 to 100 %, with
+stem and depthwise layers at 576x768, EfficientNet-Lite0's stem and first
+pointwise layers) and dirty fractions 0 to 100 %, with
 blocky masks like a block matcher produces (one contiguous blob of 10x10-pixel
 matcher blocks, seen at the layer's resolution), it times the dense
 convolution the way the dense paths compute it (`dcjax.kernels.lowering.dense_conv`:
@@ -63,6 +63,8 @@ LAYERS: dict[str, tuple] = {
     "resnet50_3x3_7": (7, 7, 512, 512, 3, 1, 1, ((1, 1), (1, 1)), 32),
     "mbv2_dw_s2": (112, 112, 96, 96, 3, 2, 96, ((0, 1), (0, 1)), 2),
     "mbv2_pw_expand": (56, 56, 24, 144, 1, 1, 1, "VALID", 4),
+    "centerface_stem": (576, 768, 3, 32, 3, 2, 1, ((1, 1), (1, 1)), 1),
+    "centerface_dw_288": (288, 384, 32, 32, 3, 1, 32, ((1, 1), (1, 1)), 2),
     "centerface_dw_s2": (288, 384, 96, 96, 3, 2, 96, ((1, 1), (1, 1)), 2),
     "centerface_dw_144": (144, 192, 144, 144, 3, 1, 144, ((1, 1), (1, 1)), 4),
     "enet_stem": (224, 224, 3, 32, 3, 2, 1, ((0, 1), (0, 1)), 1),
