@@ -4,10 +4,10 @@ Contract:
 
 - `TuningCache` keeps measurements in a JSON file keyed by the machine
   (`machine_key`: backend, device kind or processor model, cores, on CPU the
-  allocator's heap pad, jax and jaxlib versions, `KERNELS_REVISION`) and the layer's geometry
-  (`dcjax.kernels.tiles.layer_key`), so a layer is measured once per machine
-  and software; `default_path` says where the file lives (``$DCJAX_TUNING_CACHE``,
-  `CACHE_ENV`). Each measurement is seconds a call at each of `FRACTIONS`; a
+  allocator's heap pad, jax and jaxlib versions, `KERNELS_REVISION`) and the
+  layer's geometry (`dcjax.kernels.tiles.layer_key`), so a layer is measured
+  once per machine and software; `default_path` says where the file lives
+  (``$DCJAX_TUNING_CACHE``, `CACHE_ENV`). Each measurement is seconds a call at each of `FRACTIONS`; a
   file made on another grid is read as empty. A candidate passed over
   (`TuningCache.pass_over`) is kept as an empty list.
 """
@@ -53,8 +53,8 @@ def machine_key() -> str:
     """What a measurement depends on besides the layer: backend, device kind
     (on CPU, the processor's model, `cpu_model`: XLA's device kind is ``"cpu"``
     on every processor), cores this process may use, jax and jaxlib versions,
-    the kernels' revision (`KERNELS_REVISION`), and on CPU the freed heap memory the allocator keeps
-    (`dcjax.allocator.current_pad`: without it XLA:CPU's buffers fault their
+    the kernels' revision (`KERNELS_REVISION`), and on CPU the freed heap
+    memory the allocator keeps (`dcjax.allocator.current_pad`: without it XLA:CPU's buffers fault their
     pages in on every call, which slows large dense layers several-fold, so
     the ``dcjax`` command and a program that leaves the allocator alone keep
     their own measurements)."""
