@@ -7,9 +7,9 @@ Contract:
   allocator's heap pad, jax and jaxlib versions, `KERNELS_REVISION`) and the
   layer's geometry (`dcjax.kernels.tiles.layer_key`), so a layer is measured
   once per machine and software; `default_path` says where the file lives
-  (``$DCJAX_TUNING_CACHE``, `CACHE_ENV`). Each measurement is seconds a call at each of `FRACTIONS`; a
-  file made on another grid is read as empty. A candidate passed over
-  (`TuningCache.pass_over`) is kept as an empty list.
+  (``$DCJAX_TUNING_CACHE``, `CACHE_ENV`). Each measurement is seconds a call
+  at each of `FRACTIONS`; a file made on another grid is read as empty. A
+  candidate passed over (`TuningCache.pass_over`) is kept as an empty list.
 """
 
 from __future__ import annotations
@@ -54,10 +54,10 @@ def machine_key() -> str:
     (on CPU, the processor's model, `cpu_model`: XLA's device kind is ``"cpu"``
     on every processor), cores this process may use, jax and jaxlib versions,
     the kernels' revision (`KERNELS_REVISION`), and on CPU the freed heap
-    memory the allocator keeps (`dcjax.allocator.current_pad`: without it XLA:CPU's buffers fault their
-    pages in on every call, which slows large dense layers several-fold, so
-    the ``dcjax`` command and a program that leaves the allocator alone keep
-    their own measurements)."""
+    memory the allocator keeps (`dcjax.allocator.current_pad`: without it
+    XLA:CPU's buffers fault their pages in on every call, which slows large
+    dense layers several-fold, so the ``dcjax`` command and a program that
+    leaves the allocator alone keep their own measurements)."""
     import jaxlib
 
     backend = jax.default_backend()
