@@ -129,17 +129,13 @@ def _chain_unbatched(x, ws, reuse_mask, cached, ops, pix, links, p):
     b_valid = dataclasses.replace(links[1], eqn=_unpadded(links[1].eqn))
     dirty = _tiles.tile_dirty(reuse_mask, p)
     use_dense, units = _tiles.schedule(dirty.sum(), p)
-    (ply, _), (plx, _) = p.pads
-    sy, sx = p.strides
 
     def step(out, start, size, x, ws, origins, ops, pix):
         o = lax.dynamic_slice_in_dim(origins, start, size)
         at_tiles = tuple(_xla.gather_tiles(q, o, p.th, p.tw) for q in pix)
         la, lb, lc = _relinked((links[0], b_valid, links[2]), ws, ops, at_tiles)
         win = _xla.gather_windows(x, o, p)
-        rows = o[:, 1:2] * sy + jnp.arange(p.win_h)[None] - ply
-        cols = o[:, 2:3] * sx + jnp.arange(p.win_w)[None] - plx
-        inside = ((rows >= 0) & (rows < p.h))[:, :, None] & ((cols >= 0) & (cols < p.w))[:, None]
+        inside = _xla.window_pixels(o, p)[2]
         ya = _apply(la, dense_conv_eqn(la.eqn, [win, la.w]))
         ya = jnp.where(inside[..., None], ya, jnp.zeros((), ya.dtype))
         yb = _apply(lb, dense_conv_eqn(lb.eqn, [ya, lb.w]))

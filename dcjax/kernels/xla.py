@@ -16,8 +16,8 @@ batch, decides (`tiles.schedule`):
   VALID convolution over that batch of windows and scatters the tiles into the
   output, which starts as ``cached`` (updated in place when the caller donates
   the cache buffer, e.g. a jitted step with donated state or a `lax.scan`
-  carry; otherwise XLA copies the cache once). No dirty tile: no step, the output is
-  ``cached``.
+  carry; otherwise XLA copies the cache once). No dirty tile: no step, the
+  output is ``cached``.
 
 No path is a conditional branch: all are loops with dynamic trip counts of
 zero or one (`sparse_or_dense`), because XLA:CPU copies a conditional's
@@ -54,6 +54,7 @@ __all__ = [
     "pooled_over_streams",
     "scatter_tiles",
     "sparse_or_dense",
+    "window_pixels",
     "xla_masked_conv",
 ]
 
@@ -75,16 +76,13 @@ def gather_windows(x: jax.Array, origins: jax.Array, p: _tiles.TilePlan) -> jax.
         origins: int32 (capacity, 3) rows (n, oy, ox) of output tile origins.
         p: the plan.
     """
-    sy, sx = p.strides
-    (ply, _), (plx, _) = p.pads
-    row, col = origins[:, 1] * sy - ply, origins[:, 2] * sx - plx
     if _tiles.reads_padding(p):
-        rows = row[:, None] + jnp.arange(p.win_h)[None]
-        cols = col[:, None] + jnp.arange(p.win_w)[None]
-        inside = ((rows >= 0) & (rows < p.h))[:, :, None] & ((cols >= 0) & (cols < p.w))[:, None]
+        rows, cols, inside = window_pixels(origins, p)
         rows, cols = jnp.clip(rows, 0, p.h - 1), jnp.clip(cols, 0, p.w - 1)
         win = x[origins[:, 0, None, None], rows[:, :, None], cols[:, None, :]]
         return jnp.where(inside[..., None], win, jnp.zeros((), x.dtype))
+    (ply, _), (plx, _) = p.pads
+    row, col = origins[:, 1] * p.strides[0] - ply, origins[:, 2] * p.strides[1] - plx
     starts = jnp.stack([origins[:, 0], row, col, jnp.zeros_like(row)], axis=1)
     dnums = lax.GatherDimensionNumbers(
         offset_dims=(1, 2, 3),
@@ -98,6 +96,18 @@ def gather_windows(x: jax.Array, origins: jax.Array, p: _tiles.TilePlan) -> jax.
         slice_sizes=(1, p.win_h, p.win_w, p.cin),
         mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS,
     )
+
+
+def window_pixels(origins: jax.Array, p: _tiles.TilePlan):
+    """``(rows, cols, inside)`` of the tiles' input windows: the rows
+    (capacity, win_h) and columns (capacity, win_w) of ``x`` under each window
+    (negative or past the map in the padding) and, (capacity, win_h, win_w),
+    whether a window pixel lies inside the map."""
+    (ply, _), (plx, _) = p.pads
+    rows = origins[:, 1:2] * p.strides[0] + jnp.arange(p.win_h)[None] - ply
+    cols = origins[:, 2:3] * p.strides[1] + jnp.arange(p.win_w)[None] - plx
+    inside = ((rows >= 0) & (rows < p.h))[:, :, None] & ((cols >= 0) & (cols < p.w))[:, None]
+    return rows, cols, inside
 
 
 def scatter_tiles(out: jax.Array, origins: jax.Array, values: jax.Array) -> jax.Array:
