@@ -61,5 +61,35 @@ def _cpu_options() -> Mapping[str, Any]:
 
 
 def jit(fn: Callable, **kwargs: Any) -> Any:
-    """``jax.jit(fn, **kwargs)`` compiled with `compile_options`."""
-    return jax.jit(fn, compiler_options=dict(compile_options()) or None, **kwargs)
+    """``jax.jit(fn, **kwargs)`` compiled with `compile_options` where it is
+    called at the top level. Called inside another transformation (a user's
+    ``jax.jit``, ``vmap`` or ``scan`` over the step), it is ``jax.jit(fn,
+    **kwargs)`` and the outer program's options apply: JAX takes options only
+    from the outermost ``jit``."""
+    options = dict(compile_options())
+    if not options:
+        return jax.jit(fn, **kwargs)
+    return _Jitted(jax.jit(fn, compiler_options=options, **kwargs), jax.jit(fn, **kwargs))
+
+
+class _Jitted:
+    """A jitted function with options at the top level and without them inside
+    a trace; everything else (``lower``, ``trace``, ...) is the top-level one's."""
+
+    def __init__(self, top: Any, nested: Any) -> None:
+        self._top, self._nested = top, nested
+        functools.update_wrapper(self, top)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves = jax.tree_util.tree_leaves((args, kwargs))
+        if any(isinstance(x, jax.core.Tracer) for x in leaves):
+            return self._nested(*args, **kwargs)
+        try:
+            return self._top(*args, **kwargs)
+        except ValueError as e:  # inside a trace whose arguments are all constants
+            if "compiler_options" not in str(e):
+                raise
+            return self._nested(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._top, name)

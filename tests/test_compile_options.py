@@ -68,3 +68,14 @@ def test_an_option_xla_rejects_leaves_the_defaults(monkeypatch):
         assert co._cpu_options() == {}
     finally:
         co._cpu_options.cache_clear()
+
+
+def test_a_jitted_function_runs_inside_other_transformations():
+    f = co.jit(lambda x: jnp.tanh(x @ x.T))
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((8, 4)), jnp.float32)
+    top = f(x)
+    # inside a user's jit (traced and constant arguments) and under vmap
+    np.testing.assert_allclose(jax.jit(lambda y: f(y))(x), top, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(jax.jit(lambda: f(x))(), top, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(jax.vmap(f)(x[None])[0], top, rtol=1e-5, atol=1e-6)
+    assert f.lower(x).compile() is not None
