@@ -45,7 +45,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from dcjax import lowerings as _lowerings
-from dcjax.compile_options import jit as _jit
 from dcjax.config import Config
 from dcjax.kernels import tuning as kt
 from dcjax.lowerings import Lowerings
@@ -254,7 +253,7 @@ def _match_fn(matcher: StreamMatcher) -> Any:
         def match(k: jax.Array, frame: jax.Array, motion: jax.Array) -> jax.Array:
             return matcher.match(k, frame, matcher.key_of(frame), motion).mask
 
-        _MATCH_FNS[key] = (_jit(matcher.key_of), _jit(match))
+        _MATCH_FNS[key] = (jax.jit(matcher.key_of), jax.jit(match))
     return _MATCH_FNS[key]
 
 

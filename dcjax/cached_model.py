@@ -23,7 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from dcjax import autotune, inputs
-from dcjax.compile_options import jit as _jit
 from dcjax.config import Config
 from dcjax.kernels.tuning import resolve_tuning
 from dcjax.matching import Match
@@ -166,11 +165,11 @@ class CachedModel:
             lowerings=self.lowerings,
         )  # fmt: skip
         # The state is donated: caches are updated in place, frame after frame.
-        self._step_jit = _jit(self._step, donate_argnums=(1,))
+        self._step_jit = jax.jit(self._step, donate_argnums=(1,))
         self._profiled_jit = None  # `_program`'s step, made when first asked for
         self._float_range_checked = False
-        self._run_jit = _jit(self._step.run, donate_argnums=(1,))
-        self._apply_jit = _jit(self._apply_impl)
+        self._run_jit = jax.jit(self._step.run, donate_argnums=(1,))
+        self._apply_jit = jax.jit(self._apply_impl)
         # Nothing to reuse, match or skip (the nocache plan): `step` runs the
         # dense lowering alone and leaves the state as it is.
         self.bare = (
@@ -182,7 +181,7 @@ class CachedModel:
             and not any(self.plan.updated_dense)
             and all(lp.chain is None for lp in self.plan.layers)
         )
-        self._bare_jit = _jit(self._bare_step) if self.bare else None
+        self._bare_jit = jax.jit(self._bare_step) if self.bare else None
 
     # -- public API ----------------------------------------------------------
 
@@ -367,7 +366,7 @@ class CachedModel:
         """
         frame = self._check_frame(frame, "frame", 3)
         if self._profiled_jit is None:
-            self._profiled_jit = _jit(
+            self._profiled_jit = jax.jit(
                 functools.partial(self._step, skip_still=False), donate_argnums=(1,)
             )
         return self._profiled_jit, (self._traced.leaves, state, frame, None)
@@ -463,7 +462,7 @@ class CachedModel:
                 "Config(semantic=SemanticConfig(...))"
             )
         images = self._check_frame(images, "images", 4)
-        return _jit(jax.vmap(lambda f: self._step.prepare(f)[None]))(images)
+        return jax.jit(jax.vmap(lambda f: self._step.prepare(f)[None]))(images)
 
     def apply(self, frame: jax.Array) -> Any:
         """The untransformed model on one frame (no cache), for comparison."""

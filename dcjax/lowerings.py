@@ -23,7 +23,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dcjax.compile_options import jit as _jit
 from dcjax.kernels import lowering
 from dcjax.kernels import tuning as kt
 from dcjax.kernels.lowering_tuning import LoweringTuning, tune_lowerings
@@ -147,7 +146,7 @@ def _race_lowerings(
     x = jnp.asarray(rng.random(x_aval.shape, np.float32).astype(x_aval.dtype))
     fns = {}
     for label, mapping in (("prior", {}), ("measured", measured)):
-        fn = _jit(lambda leaves, x, m=mapping: dense_forward(analysis, leaves, x, m))
+        fn = jax.jit(lambda leaves, x, m=mapping: dense_forward(analysis, leaves, x, m))
         fns[label] = fn.lower(leaves, x).compile()
     times: dict[str, list[float]] = {label: [] for label in fns}
     for fn in fns.values():  # a warm-up call each

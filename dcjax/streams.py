@@ -59,7 +59,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from dcjax import inputs, race
-from dcjax.compile_options import jit as _jit
 from dcjax.matching import Match
 
 if TYPE_CHECKING:
@@ -258,7 +257,7 @@ class Streams:
                 states, (outs, infos) = jax.lax.scan(body, states, frames)
                 return outs, states, infos
 
-            self._step_fns[run_key] = _jit(scan, donate_argnums=(1,))
+            self._step_fns[run_key] = jax.jit(scan, donate_argnums=(1,))
         run = self._step_fns[run_key]
         return run(self.cached._traced.leaves, states, self._place(frames, axis=1))
 
@@ -284,7 +283,7 @@ class Streams:
                     check_vma=False,
                 )(states, frames, matches)
 
-        fn = _jit(batched, donate_argnums=(1,)) if jitted else batched
+        fn = jax.jit(batched, donate_argnums=(1,)) if jitted else batched
         self._step_fns[key] = fn
         return fn
 

@@ -34,7 +34,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dcjax.compile_options import jit as _jit
 from dcjax.kernels import lowering as _lowering
 from dcjax.kernels import tuning as kt
 from dcjax.kernels.tiles import TilePlan, layer_key
@@ -63,7 +62,7 @@ class LoweringTuning:
 
 def _compiled(p: TilePlan, how: str, x: jax.Array, w: jax.Array):
     """`dense_conv` of the layer ``p`` by ``how``, compiled for ``x`` and ``w``."""
-    return _jit(lambda x, w: _lowering.dense_conv(x, w, p, how)).lower(x, w).compile()
+    return jax.jit(lambda x, w: _lowering.dense_conv(x, w, p, how)).lower(x, w).compile()
 
 
 def _timed(group: Mapping[str, Callable], x: jax.Array, w: jax.Array, repeats: int) -> dict:

@@ -24,7 +24,6 @@ from pathlib import Path
 import jax
 
 from dcjax.allocator import current_pad
-from dcjax.compile_options import compile_options
 
 __all__ = [
     "CACHE_ENV",
@@ -54,8 +53,7 @@ def machine_key() -> str:
     """What a measurement depends on besides the layer: backend, device kind
     (on CPU, the processor's model, `cpu_model`: XLA's device kind is ``"cpu"``
     on every processor), cores this process may use, jax and jaxlib versions,
-    the kernels' revision (`KERNELS_REVISION`), the XLA options dcjax compiles
-    with (`dcjax.compile_options`), and on CPU the freed heap
+    the kernels' revision (`KERNELS_REVISION`), and on CPU the freed heap
     memory the allocator keeps (`dcjax.allocator.current_pad`: without it
     XLA:CPU's buffers fault their pages in on every call, which slows large
     dense layers several-fold, so the ``dcjax`` command and a program that
@@ -68,9 +66,6 @@ def machine_key() -> str:
     if backend == "cpu":
         kind = f"{kind} {cpu_model()}"
         setting = (f"heap pad {current_pad() >> 20} MiB",)
-    options = compile_options()
-    if options:
-        setting += tuple(f"{k}={v}" for k, v in sorted(options.items()))
     versions = f"jax {jax.__version__}", f"jaxlib {jaxlib.__version__}"
     revision = f"kernels r{KERNELS_REVISION}"
     return "|".join((backend, kind, f"{cores()} cores", *setting, *versions, revision))

@@ -50,7 +50,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dcjax.compile_options import jit as _jit
 from dcjax.kernels import auto as _auto
 from dcjax.kernels import lowering as _lowering
 from dcjax.kernels import probes as _probes
@@ -222,7 +221,7 @@ def _compiled(p: TilePlan, choice: KernelChoice, x: jax.Array, w: jax.Array):
         )  # fmt: skip
 
     mask = jax.ShapeDtypeStruct((p.n, p.ho, p.wo), jnp.bool_)
-    fn = _jit(call, donate_argnums=(3,)).lower(x, w, mask, cached).compile()
+    fn = jax.jit(call, donate_argnums=(3,)).lower(x, w, mask, cached).compile()
     return fn, x, w, cached
 
 
