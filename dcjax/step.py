@@ -30,6 +30,7 @@ is then recomputed in full too.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -187,19 +188,32 @@ class Step:
         cfg, plan = self.config, self.plan
         x = self.prepare(frame)
         finite = frame_finite(frame)
-        with jax.named_scope("dcjax.match"):
-            key = self.matcher.key_of(frame)
-            m = (
-                self.matcher.match(state.prev_frame, frame, key, state.motion)
-                if match is None
-                else match
-            )
-        ratio = m.match_ratio if m.match_ratio is not None else m.mask.mean(dtype=jnp.float32)
-        refresh = ~state.has_prev | (ratio < cfg.min_match) | ~finite
-        band = jnp.int32(-1)
+        # A frame that recomputes everything whatever the matcher says (the
+        # first, one with non-finite pixels, a scheduled refresh) is not
+        # matched on CPU: it reports no match (motion (0, 0), match ratio 0) on
+        # every backend, and the next frame's search starts from the last
+        # motion found.
+        refresh = ~state.has_prev | ~finite
         if cfg.refresh_every is not None and cfg.refresh_bands == 1:
             refresh = refresh | (state.since_refresh >= cfg.refresh_every)
-        elif cfg.refresh_every is not None:
+        known_refresh = refresh
+        with jax.named_scope("dcjax.match"):
+            key = self.matcher.key_of(frame)
+
+            def matched():
+                return self.matcher.match(state.prev_frame, frame, key, state.motion)
+
+            if match is None and skipping_pays():  # CPU: such a frame is not matched
+                m = lax.cond(known_refresh, functools.partial(_unmatched, matched), matched)
+            else:  # a given match, or no predicate read on the host (`skipping_pays`)
+                m = matched() if match is None else match
+                m = jax.tree_util.tree_map(
+                    lambda a: jnp.where(known_refresh, jnp.zeros_like(a), a), m
+                )
+        ratio = m.match_ratio if m.match_ratio is not None else m.mask.mean(dtype=jnp.float32)
+        refresh = refresh | (ratio < cfg.min_match)
+        band = jnp.int32(-1)
+        if cfg.refresh_every is not None and cfg.refresh_bands > 1:
             band = refresh_band(state.since_refresh, cfg.refresh_every, cfg.refresh_bands)
         motion = jnp.asarray(m.motion, jnp.int32)
         h, w = self.frame_shape[:2]
@@ -241,7 +255,8 @@ class Step:
                 jnp.where(band == cfg.refresh_bands - 1, 1, state.since_refresh + 1),
             ).astype(jnp.int32),
             frame_index=state.frame_index + 1,
-            motion=jnp.where(finite, motion, state.motion),
+            # the search of the next frame starts where the last one matched
+            motion=jnp.where(finite & ~known_refresh, motion, state.motion),
             caches=tuple(p.caches),
             layer_valid=p.layer_valid,
             semantic=p.semantic,
@@ -472,3 +487,10 @@ def _trips_vmap(axis_size, in_batched, skip):
     del axis_size
     trips = jnp.any(~skip) if in_batched[0] else ~skip
     return trips.astype(jnp.int32), False
+
+
+def _unmatched(matched: Callable[[], Match]) -> Match:
+    """A frame not matched: no pixel reusable, no motion, nothing matched; the
+    structure of ``matched()``'s result (which is not computed)."""
+    shapes = jax.eval_shape(matched)
+    return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)

@@ -184,3 +184,45 @@ def test_the_gpu_programs_other_reads_the_still_frame_skip_and_the_tile_kernels(
             net, variables, frame_shape=SHAPE, config=dcjax.Config(kernel="xla")
         ).host_syncs()
         assert sum("sparse_or_dense" in s.where for s in tiles) >= 3
+
+
+def test_a_scheduled_refresh_is_not_matched_and_the_next_frame_searches_from_the_last_motion(
+    model,
+):
+    """On CPU a frame that refreshes by schedule runs no matcher (a conditional
+    in the step's program), reports no match on every backend, and keeps the
+    motion the search found: the frame after it reuses the panned pixels."""
+    net, variables = model
+    cfg = dcjax.Config(kernel="xla", min_match=0.0, refresh_every=3)
+    frames = _pan(8, motion=(2, 1), still=())
+    for program in (True, False):
+        with skipping(program):
+            cached = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg)
+            state, infos = cached.init(), []
+            for frame in frames:
+                out, state, info = cached.step(state, frame)
+                infos.append(jax.device_get(info))
+                want = net.apply(variables, jnp.asarray(frame, jnp.float32)[None] / 255.0)
+                np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=1e-4)
+        refreshed = [bool(i["refreshed"]) for i in infos]
+        assert refreshed == [t % 3 == 0 for t in range(len(frames))]
+        for t, info in enumerate(infos):
+            if refreshed[t]:
+                assert float(info["match_ratio"]) == 0.0
+                np.testing.assert_array_equal(info["motion"], [0, 0])
+            else:  # the camera moved by (2, 1): the key is (-2, -1) away
+                np.testing.assert_array_equal(info["motion"], [2, 1])
+                assert float(info["input_reuse"]) > 0.5
+    with skipping(True):
+        cached = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg)
+        jaxpr = jax.make_jaxpr(cached._step)(
+            cached._traced.leaves, cached.init(), jnp.asarray(frames[0]), None
+        )
+    # the matcher's conditional: one branch computes nothing but zeros
+    conds = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "cond"]
+    assert any(
+        all(q.primitive.name in ("broadcast_in_dim", "convert_element_type") for q in b.jaxpr.eqns)
+        and len(b.jaxpr.outvars) >= 2
+        for e in conds
+        for b in e.params["branches"]
+    )
