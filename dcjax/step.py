@@ -6,7 +6,9 @@
 1. matches the frame against the state's key (`dcjax.matching.StreamMatcher`,
    or a `Match` given by the caller) and decides whether to recompute it in
    full (the first frame, every ``Config.refresh_every`` frames, too few
-   matched blocks, a frame holding NaN or Inf); with ``Config.guard`` the
+   matched blocks, a frame holding NaN or Inf); a frame refreshed whatever
+   the match says (the first, a scheduled refresh, NaN or Inf) reports no
+   match and, on CPU, is not matched; with ``Config.guard`` the
    region around the last frame's cells over the guard's threshold is
    recomputed whatever the matcher and the refinement say
    (`dcjax.transforms.guard`);
@@ -188,11 +190,8 @@ class Step:
         cfg, plan = self.config, self.plan
         x = self.prepare(frame)
         finite = frame_finite(frame)
-        # A frame that recomputes everything whatever the matcher says (the
-        # first, one with non-finite pixels, a scheduled refresh) is not
-        # matched on CPU: it reports no match (motion (0, 0), match ratio 0) on
-        # every backend, and the next frame's search starts from the last
-        # motion found.
+        # Refreshed whatever the match says: no match reported (motion (0, 0),
+        # match ratio 0), none computed on CPU; the state keeps the last motion.
         refresh = ~state.has_prev | ~finite
         if cfg.refresh_every is not None and cfg.refresh_bands == 1:
             refresh = refresh | (state.since_refresh >= cfg.refresh_every)

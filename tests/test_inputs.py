@@ -78,5 +78,8 @@ def test_fractional_motion_is_a_clear_error(plain_cached):
         half = deepcache.Match(motion=jnp.array([1.5, 0.0]), mask=mask)
         plain_cached.step(plain_cached.init(), frame, match=half)
     whole = deepcache.Match(motion=jnp.array([2.0, -1.0]), mask=mask)
-    _, _, info = plain_cached.step(plain_cached.init(), frame, match=whole)
+    # the first frame is recomputed whatever the match says and reports none
+    _, state, info = plain_cached.step(plain_cached.init(), frame, match=whole)
+    assert np.asarray(info["motion"]).tolist() == [0, 0]
+    _, _, info = plain_cached.step(state, frame, match=whole)
     assert np.asarray(info["motion"]).tolist() == [2, -1]
