@@ -192,10 +192,9 @@ class Step:
         finite = frame_finite(frame)
         # Refreshed whatever the match says: no match reported (motion (0, 0),
         # match ratio 0), none computed on CPU; the state keeps the last motion.
-        refresh = ~state.has_prev | ~finite
+        known_refresh = ~state.has_prev | ~finite
         if cfg.refresh_every is not None and cfg.refresh_bands == 1:
-            refresh = refresh | (state.since_refresh >= cfg.refresh_every)
-        known_refresh = refresh
+            known_refresh = known_refresh | (state.since_refresh >= cfg.refresh_every)
         with jax.named_scope("dcjax.match"):
             key = self.matcher.key_of(frame)
 
@@ -206,15 +205,14 @@ class Step:
                 m = lax.cond(known_refresh, functools.partial(_unmatched, matched), matched)
             else:  # a given match, or no predicate read on the host (`skipping_pays`)
                 m = matched() if match is None else match
-                m = jax.tree_util.tree_map(
-                    lambda a: jnp.where(known_refresh, jnp.zeros_like(a), a), m
-                )
         ratio = m.match_ratio if m.match_ratio is not None else m.mask.mean(dtype=jnp.float32)
-        refresh = refresh | (ratio < cfg.min_match)
+        ratio = jnp.where(known_refresh, 0.0, ratio)
+        refresh = known_refresh | (ratio < cfg.min_match)
         band = jnp.int32(-1)
         if cfg.refresh_every is not None and cfg.refresh_bands > 1:
             band = refresh_band(state.since_refresh, cfg.refresh_every, cfg.refresh_bands)
-        motion = jnp.asarray(m.motion, jnp.int32)
+        # the mask needs no zeroing: `r0` is all false on a refresh
+        motion = jnp.where(known_refresh, 0, jnp.asarray(m.motion, jnp.int32))
         h, w = self.frame_shape[:2]
         iy = jnp.arange(h)[:, None] + motion[0]
         ix = jnp.arange(w)[None, :] + motion[1]

@@ -81,8 +81,7 @@ def gather_windows(x: jax.Array, origins: jax.Array, p: _tiles.TilePlan) -> jax.
         rows, cols = jnp.clip(rows, 0, p.h - 1), jnp.clip(cols, 0, p.w - 1)
         win = x[origins[:, 0, None, None], rows[:, :, None], cols[:, None, :]]
         return jnp.where(inside[..., None], win, jnp.zeros((), x.dtype))
-    (ply, _), (plx, _) = p.pads
-    row, col = origins[:, 1] * p.strides[0] - ply, origins[:, 2] * p.strides[1] - plx
+    row, col = _window_starts(origins, p)
     starts = jnp.stack([origins[:, 0], row, col, jnp.zeros_like(row)], axis=1)
     dnums = lax.GatherDimensionNumbers(
         offset_dims=(1, 2, 3),
@@ -103,11 +102,18 @@ def window_pixels(origins: jax.Array, p: _tiles.TilePlan):
     (capacity, win_h) and columns (capacity, win_w) of ``x`` under each window
     (negative or past the map in the padding) and, (capacity, win_h, win_w),
     whether a window pixel lies inside the map."""
-    (ply, _), (plx, _) = p.pads
-    rows = origins[:, 1:2] * p.strides[0] + jnp.arange(p.win_h)[None] - ply
-    cols = origins[:, 2:3] * p.strides[1] + jnp.arange(p.win_w)[None] - plx
+    row, col = _window_starts(origins, p)
+    rows = row[:, None] + jnp.arange(p.win_h)[None]
+    cols = col[:, None] + jnp.arange(p.win_w)[None]
     inside = ((rows >= 0) & (rows < p.h))[:, :, None] & ((cols >= 0) & (cols < p.w))[:, None]
     return rows, cols, inside
+
+
+def _window_starts(origins: jax.Array, p: _tiles.TilePlan) -> tuple[jax.Array, jax.Array]:
+    """The row and column of ``x`` at each tile window's top-left corner
+    (negative in the padding)."""
+    (ply, _), (plx, _) = p.pads
+    return origins[:, 1] * p.strides[0] - ply, origins[:, 2] * p.strides[1] - plx
 
 
 def scatter_tiles(out: jax.Array, origins: jax.Array, values: jax.Array) -> jax.Array:
