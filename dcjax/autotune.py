@@ -118,8 +118,8 @@ class Tuning:
             the measurements had chosen the dense plan or the same kernels);
             else None.
         lowerings: the dense lowerings' measurements and choices
-            (`measure_lowerings`), where the plan reuses nothing (the
-            transform measures them after the plan is made); else None.
+            (`measure_lowerings`; the transform measures them after the
+            plan is made); None where not measured.
         cut: for a cut plan (`cut_tuning`), the dirty fraction from which
             its layers are computed in full; else None.
     """

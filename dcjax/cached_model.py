@@ -116,10 +116,10 @@ class CachedModel:
                 kernels = self.tuning.choices
         self.plan: Plan = make_plan(self._analysis, config, jax.default_backend(), kernels)
         #: the dense lowerings the model is traced with (`dcjax.kernels.lowering.use`):
-        #: measured for a step that reuses nothing, the only step the race checks
-        #: (a step that reuses keeps the fixed rules)
+        #: every convolution computed over its whole map takes them, whatever
+        #: the plan; the sparse kernels' tile windows keep the fixed rules
         self.lowerings: Mapping[str, str] = {}
-        if measure and not any(self.plan.keeps_cache):
+        if measure:
             start = time.perf_counter()
             found = autotune.measure_lowerings(
                 self._analysis, self._traced.leaves, progress=progress

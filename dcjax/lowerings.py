@@ -4,11 +4,14 @@
 (`dcjax.kernels.lowering_tuning`) and, where a measured choice differs from
 the fixed rules' (`dcjax.kernels.lowering.prior`), races the model's whole
 dense step with each set; the measured set is kept only when it wins beyond
-the race's noise. The result's ``choices`` are what the dense step is traced
-with (`dcjax.kernels.lowering.use`): a `dcjax.cached_model.CachedModel` whose
-plan reuses nothing measures and steps with them, and so does
-`dcjax.eval.methods.fast_apply` (the ``nocache`` baseline); a step that reuses
-and the kernel tuning's candidates keep the fixed rules.
+the race's noise. The result's ``choices`` are what the model's
+convolutions over whole maps are traced with (`dcjax.kernels.lowering.use`):
+a `dcjax.cached_model.CachedModel` measured under ``tuning="measure"`` steps
+with them whatever its plan (the dense step; a cached step's dense paths and
+the layers it computes in full), and so does
+`dcjax.eval.methods.fast_apply` (the ``nocache`` baseline); the sparse
+kernels' tile windows and the kernel tuning's candidates keep the fixed
+rules.
 """
 
 from __future__ import annotations

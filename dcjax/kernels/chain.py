@@ -136,10 +136,11 @@ def _chain_unbatched(x, ws, reuse_mask, cached, ops, pix, links, p):
         la, lb, lc = _relinked((links[0], b_valid, links[2]), ws, ops, at_tiles)
         win = _xla.gather_windows(x, o, p)
         inside = _xla.window_pixels(o, p)[2]
-        ya = _apply(la, dense_conv_eqn(la.eqn, [win, la.w]))
+        ya = _apply(la, dense_conv_eqn(la.eqn, [win, la.w], whole=False))
         ya = jnp.where(inside[..., None], ya, jnp.zeros((), ya.dtype))
-        yb = _apply(lb, dense_conv_eqn(lb.eqn, [ya, lb.w]))
-        return _xla.scatter_tiles(out, o, _apply(lc, dense_conv_eqn(lc.eqn, [yb, lc.w])))
+        yb = _apply(lb, dense_conv_eqn(lb.eqn, [ya, lb.w], whole=False))
+        yc = _apply(lc, dense_conv_eqn(lc.eqn, [yb, lc.w], whole=False))
+        return _xla.scatter_tiles(out, o, yc)
 
     def dense(x, ws, dirty, ops, pix):
         return dense_chain(x, _relinked(links, ws, ops, pix))

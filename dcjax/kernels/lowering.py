@@ -10,15 +10,15 @@ and ungrouped ones on at most `TAPS_MAX_TERMS` inputs per output),
 ``"groups"`` one convolution per group, ``"rgb"`` a zero fourth input
 channel; ``"conv"`` is XLA's own convolution.
 
-Which lowering a layer takes (`chosen`): the one its model chose, while the
-model is traced inside `use` (the transform passes the choices its
-measurements kept: `dcjax.lowerings.measure_lowerings`); else `prior`, the
-rules measured once on a 2-core machine (the ``*_pays`` predicates,
-docs/performance-notes.md; ``"conv"`` off CPU). The masked kernels (`dcjax.kernels.xla`,
-`dcjax.kernels.rows`, `dcjax.kernels.chain`), their dense paths and the dense
-step all ask `chosen`, so a layer is computed the same way on every path;
-`dcjax.transforms.lowering` does the same for the primitives that are not
-convolutions.
+Which lowering a layer takes (`chosen`): over the whole map (`dense_conv`:
+the dense step, the masked kernels' dense paths, a layer computed in full),
+the one its model chose, while the model is traced inside `use` (the
+transform passes the choices its measurements kept, which time whole maps:
+`dcjax.lowerings.measure_lowerings`); else, and always on a batch of tile
+windows (`valid_conv` in the tile and chain kernels), `prior`, the rules
+measured once on a 2-core machine (the ``*_pays`` predicates,
+docs/performance-notes.md; ``"conv"`` off CPU). `dcjax.transforms.lowering`
+does the same for the primitives that are not convolutions.
 """
 
 from __future__ import annotations
@@ -119,9 +119,10 @@ def choices(pairs: Iterable[tuple[_tiles.TilePlan, str]], dtype=jnp.float32) -> 
 
 @contextlib.contextmanager
 def use(mapping: Mapping[str, str]) -> Iterator[None]:
-    """Within the block, a layer whose `choice_key` is in ``mapping`` is traced
-    with that lowering (`chosen`); every other with `prior`. A context variable:
-    each thread (and each `contextvars` context) has its own."""
+    """Within the block, a layer computed over its whole map whose `choice_key`
+    is in ``mapping`` is traced with that lowering (`chosen`); every other
+    with `prior`. A context variable: each thread (and each `contextvars`
+    context) has its own."""
     token = _CHOICES.set(mapping)
     try:
         yield
@@ -129,10 +130,14 @@ def use(mapping: Mapping[str, str]) -> Iterator[None]:
         _CHOICES.reset(token)
 
 
-def chosen(p: _tiles.TilePlan, dtype=jnp.float32) -> str:
-    """The lowering of the layer ``p`` at ``dtype`` in the current `use` block,
-    else `prior`."""
-    current = _CHOICES.get()
+def chosen(p: _tiles.TilePlan, dtype=jnp.float32, *, whole: bool = True) -> str:
+    """The lowering of the layer ``p`` at ``dtype``: over its whole map
+    (``whole``), the current `use` block's choice, else `prior`; on tile
+    windows (``whole=False``), `prior`: the measured choices time whole maps,
+    and a window batch is another shape (with the measured choices on its
+    windows too, MobileNetV2's streams at 576x768 ran slower:
+    docs/performance-notes.md)."""
+    current = _CHOICES.get() if whole else None
     return (current or {}).get(choice_key(p, dtype)) or prior(p)
 
 

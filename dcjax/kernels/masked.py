@@ -156,13 +156,14 @@ def masked_conv(
     )
 
 
-def dense_conv_eqn(eqn, invals) -> jax.Array:
+def dense_conv_eqn(eqn, invals, *, whole: bool = True) -> jax.Array:
     """A ``conv_general_dilated`` equation computed in full, as the dense path does.
 
     An NHWC/HWIO convolution goes through `dcjax.kernels.lowering.dense_conv`
     (the sparse kernels' own dense path) where its lowering
     (`dcjax.kernels.lowering.chosen`: measured on this machine, else the
-    fixed rules) is not XLA's convolution; everything else is bound as it is.
+    fixed rules; the fixed rules on a batch of tile windows, ``whole=False``)
+    is not XLA's convolution; everything else is bound as it is.
     The no-cache baseline and the semantic exits use this so they compute
     convolutions the way the cached step does.
     """
@@ -170,7 +171,7 @@ def dense_conv_eqn(eqn, invals) -> jax.Array:
     x, w = invals
     if nhwc_conv(p):
         tp = _tiles.plan(x.shape, w.shape, ConvGeometry.from_params(p))
-        how = _lowering.chosen(tp, jnp.result_type(x.dtype, w.dtype))
+        how = _lowering.chosen(tp, jnp.result_type(x.dtype, w.dtype), whole=whole)
         if how != "conv":
             return dense_conv(x, w, tp, how)
     return eqn.primitive.bind(x, w, **p)

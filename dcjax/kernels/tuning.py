@@ -30,8 +30,9 @@ Contract:
   timings at the fractions are samples of one cost: it costs the least of
   them at every fraction. The candidates, the dense one included,
   are compiled with the fixed lowering rules (`dcjax.kernels.lowering.prior`):
-  a step that reuses is traced with them, whatever the model's measured
-  dense lowerings (`dcjax.lowerings`, which only the dense step takes).
+  the model's measured dense lowerings (`dcjax.lowerings`) are measured
+  after the plan is made, so the dense candidate may be timed slower than
+  the step computes it (which keeps a reused layer where in full would tie).
 
 Nothing here knows about models or streams: `dcjax.autotune` decides per
 model (which fractions, whether the cached plan beats the dense one).
@@ -227,7 +228,8 @@ def _compiled(p: TilePlan, choice: KernelChoice, x: jax.Array, w: jax.Array):
 
 def _compiled_by_fixed_rules(p: TilePlan, choice: KernelChoice, x, w):
     """`_compiled`, traced with the fixed lowering rules whatever `use` block the
-    caller is in: the rules a step that reuses is traced with."""
+    caller is in: the rules a step that reuses computes its tile windows with
+    (module docstring: the dense candidate's too)."""
     with _lowering.use({}):
         return _compiled(p, choice, x, w)
 

@@ -223,7 +223,7 @@ def _masked_conv_unbatched(
     fn: Callable[..., jax.Array] | None = None,
 ) -> jax.Array:
     out_dtype = jnp.result_type(x.dtype, w.dtype)
-    how = chosen(p, out_dtype)
+    how = chosen(p, out_dtype, whole=False)  # on windows
     dirty = _tiles.tile_dirty(reuse_mask, p)
     use_dense, units = _tiles.schedule(dirty.sum(), p)
 

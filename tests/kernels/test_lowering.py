@@ -100,6 +100,61 @@ def test_rgb_layers_with_17_to_32_outputs_get_a_zero_fourth_channel(cin, cout, p
         np.testing.assert_allclose(out[fresh], want[fresh], rtol=1e-4, atol=1e-4, err_msg=name)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the fixed rules pad RGB on CPU only")
+def test_a_models_lowerings_compute_whole_maps_and_tile_windows_keep_the_fixed_rules() -> None:
+    """Inside `lowering.use`, a layer computed over its whole map (`dense_conv_eqn`,
+    the tile kernel's dense path) takes the model's choice; its tile windows
+    (the sparse path, `dense_conv_eqn(..., whole=False)`) keep the fixed rules',
+    here a zero fourth channel. Every path computes the convolution."""
+    from dcjax.kernels import dense_conv_eqn, lowering
+
+    geom = ConvGeometry(strides=(2, 2), padding=((1, 1), (1, 1)))
+    p = plan((1, 20, 22, 3), (3, 3, 3, 32), geom)
+    assert lowering.prior(p) == "rgb"
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1, 20, 22, 3)).astype(np.float32)
+    w = rng.normal(size=(3, 3, 3, 32)).astype(np.float32)
+    mask = np.ones((1, p.ho, p.wo), bool)
+    mask[0, 2:5, 3:7] = False
+    cached = np.zeros((1, p.ho, p.wo, 32), np.float32)
+
+    def conv(x, w):
+        dn = ("NHWC", "HWIO", "NHWC")
+        return jax.lax.conv_general_dilated(x, w, (2, 2), geom.padding, dimension_numbers=dn)
+
+    want = np.asarray(conv(x, w))
+    eqn = jax.make_jaxpr(conv)(x, w).jaxpr.eqns[0]
+
+    def fns():  # new functions each time: jax keeps the traces of a function it has seen
+        return {
+            "whole": lambda x, w: dense_conv_eqn(eqn, (x, w)),
+            "windows": lambda x, w: dense_conv_eqn(eqn, (x, w), whole=False),
+            "kernel": lambda x, w: masked_conv(x, w, mask, cached, geom, impl="xla"),
+        }
+
+    def convs(fn):
+        jaxpr = jax.make_jaxpr(fn)(x, w).jaxpr
+        return [e.invars[0].aval.shape[-1] for e in all_eqns(jaxpr)
+                if e.primitive.name == "conv_general_dilated"]  # fmt: skip
+
+    fixed = {name: convs(fn) for name, fn in fns().items()}
+    windows = len(fixed["kernel"]) - 1  # one convolution a window step, one the dense path
+    assert windows >= 1
+    assert fixed == {"whole": [4], "windows": [4], "kernel": [4] * (windows + 1)}
+    with lowering.use(lowering.choices([(p, "taps")])):
+        assert lowering.chosen(p) == "taps" and lowering.chosen(p, whole=False) == "rgb"
+        assert {name: convs(fn) for name, fn in fns().items()} == {
+            "whole": [], "windows": [4], "kernel": [4] * windows
+        }  # fmt: skip
+        for name, fn in fns().items():
+            fresh = ~mask if name == "kernel" else np.ones_like(mask)
+            out = np.asarray(jax.jit(fn)(x, w))
+            np.testing.assert_allclose(out[fresh], want[fresh], rtol=1e-4, atol=1e-4)
+        everything = np.zeros_like(mask)  # all dirty: the kernel's dense path
+        out = masked_conv(x, w, everything, cached, geom, impl="xla")
+        np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize(
     "cin, cout, k, strides, dilation, taps",
     [
