@@ -32,7 +32,8 @@ Contract:
   are compiled with the fixed lowering rules (`dcjax.kernels.lowering.prior`):
   the model's measured dense lowerings (`dcjax.lowerings`) are measured
   after the plan is made, so the dense candidate may be timed slower than
-  the step computes it (which keeps a reused layer where in full would tie).
+  the step computes it (the tuning may then keep reusing a layer that
+  computed in full would be no slower).
 
 Nothing here knows about models or streams: `dcjax.autotune` decides per
 model (which fractions, whether the cached plan beats the dense one).
