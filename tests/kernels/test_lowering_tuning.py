@@ -131,13 +131,13 @@ def test_the_fastest_measured_lowering_is_chosen_and_the_dense_path_takes_it(tmp
         "dense": (lambda x, w: dense_conv_eqn(eqn, (x, w)), np.ones_like(mask)),
         "sparse": (lambda x, w: masked_conv(x, w, mask, cached, geom, impl="xla"), ~mask),
     }
-    on_cpu = jax.default_backend() == "cpu"  # the fixed rules: a zero fourth channel on CPU
     for name, (fn, fresh) in paths.items():
         with lw.use(lw.choices([(p, got.choice)])):
             summed = "conv_general_dilated" not in _primitives(fn, x, w)  # a sum of taps
             assert summed is (name == "dense"), name
             out = np.asarray(jax.jit(fn)(x, w))
         np.testing.assert_allclose(out[fresh], want[fresh], rtol=1e-4, atol=1e-4, err_msg=name)
+    on_cpu = jax.default_backend() == "cpu"  # the fixed rules: a zero fourth channel on CPU
     fresh = jax.make_jaxpr(lambda x, w: dense_conv_eqn(eqn, (x, w)))(x, w)  # traced anew
     convs = [e for e in all_eqns(fresh.jaxpr) if e.primitive.name == "conv_general_dilated"]
     assert [e.invars[0].aval.shape[-1] for e in convs] == [4 if on_cpu else 3]
