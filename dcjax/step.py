@@ -203,16 +203,20 @@ class Step:
 
             if match is None and skipping_pays():  # CPU: such a frame is not matched
                 m = lax.cond(known_refresh, functools.partial(_unmatched, matched), matched)
+                unmatched = None  # `_unmatched` reports no match already
             else:  # a given match, or no predicate read on the host (`skipping_pays`)
                 m = matched() if match is None else match
+                unmatched = known_refresh
         ratio = m.match_ratio if m.match_ratio is not None else m.mask.mean(dtype=jnp.float32)
-        ratio = jnp.where(known_refresh, 0.0, ratio)
+        # the mask needs no zeroing: `r0` is all false on a refresh
+        motion = jnp.asarray(m.motion, jnp.int32)
+        if unmatched is not None:
+            ratio = jnp.where(unmatched, 0.0, ratio)
+            motion = jnp.where(unmatched, 0, motion)
         refresh = known_refresh | (ratio < cfg.min_match)
         band = jnp.int32(-1)
         if cfg.refresh_every is not None and cfg.refresh_bands > 1:
             band = refresh_band(state.since_refresh, cfg.refresh_every, cfg.refresh_bands)
-        # the mask needs no zeroing: `r0` is all false on a refresh
-        motion = jnp.where(known_refresh, 0, jnp.asarray(m.motion, jnp.int32))
         h, w = self.frame_shape[:2]
         iy = jnp.arange(h)[:, None] + motion[0]
         ix = jnp.arange(w)[None, :] + motion[1]

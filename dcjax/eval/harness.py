@@ -13,10 +13,12 @@
    is timed through the twin;
 3. every method restarts from a fresh state and the frames are streamed:
    for each frame, each method in turn calls ``step`` once and waits for
-   everything it returned (``block_until_ready``), the order rotating from
-   frame to frame. Interleaving the methods frame by frame keeps them under
-   the same machine load, so the ratio of mean times is robust to load
-   changing during the run;
+   everything it returned (``block_until_ready``), in an order drawn afresh
+   each frame (a seeded permutation), so that no method always runs right
+   after the same one and inherits what it left in the processor's caches.
+   Interleaving the methods frame by frame keeps them under the same machine
+   load, so the ratio of mean times is robust to load changing during the
+   run;
 4. each method then steps a few more times on the last frame repeated (the
    fixed cost of matching and caching when everything is reusable); a method
    timed through its twin then runs over the same frames from a fresh state,
@@ -269,11 +271,10 @@ def evaluate(
 
         iterator = tqdm(dev_frames, desc=f"{spec.name} {os.path.basename(video_label)}",
                         unit="frame", leave=False)  # fmt: skip
-    order = list(runners)
-    for t, f in enumerate(iterator):
-        # Rotate who goes first on each frame, so no method always follows the same one.
-        k = t % len(order)
-        for variant in order[k:] + order[:k]:
+    names = list(runners)
+    rng = np.random.default_rng(0)
+    for f in iterator:
+        for variant in (names[i] for i in rng.permutation(len(names))):
             runner = runners[variant]
             t0 = time.perf_counter()
             result = jax.block_until_ready(runner.step(states[variant], f))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -112,6 +113,31 @@ def test_outputs_match_nocache_on_identical_frames(spec, clip):
     # 1 full frame, 3 where only the dense head (16 -> 10) runs
     head = 2 * 16 * 10 / ev.records[1]["total_flops"]
     assert ev.records[1]["ideal_speedup"] == pytest.approx(4.0 / (1.0 + 3 * head))
+
+
+def test_the_order_of_the_methods_is_drawn_afresh_each_frame(spec, clip):
+    """Each frame steps every method once, in an order of its own: no method
+    always runs right after the same one (and inherits what it left in the
+    processor's caches)."""
+    calls: list[str] = []
+    cache = {}
+    variants = ["nocache", "frame", "plain:form=args", "plain:form=const"]
+    for v in variants:
+        r = registry.make_runner(spec, *registry.parse_method(v))
+
+        def step(state, frame, _v=v, _step=r.step):
+            calls.append(_v)
+            return _step(state, frame)
+
+        cache[v] = dataclasses.replace(r, step=step, timed=None)
+    frames = np.concatenate([clip, clip])
+    harness.evaluate(spec, frames, ["frame"], progress=False, runner_cache=cache, warmup=1)
+    n = len(variants)
+    timed = calls[n : n + n * len(frames)]  # after one warm-up step each
+    rounds = [timed[i : i + n] for i in range(0, len(timed), n)]
+    assert all(sorted(r) == sorted(variants) for r in rounds)
+    before = {v: {r[r.index(v) - 1] for r in rounds if r.index(v) > 0} for v in variants}
+    assert all(len(b) > 1 for b in before.values()), before
 
 
 def test_wrong_frame_shape_is_an_error(spec, clip):
