@@ -208,9 +208,8 @@ class Step:
                 m = matched() if match is None else match
                 unmatched = known_refresh
         ratio = m.match_ratio if m.match_ratio is not None else m.mask.mean(dtype=jnp.float32)
-        # the mask needs no zeroing: `r0` is all false on a refresh
         motion = jnp.asarray(m.motion, jnp.int32)
-        if unmatched is not None:
+        if unmatched is not None:  # the mask needs no zeroing: `r0` is all false on a refresh
             ratio = jnp.where(unmatched, 0.0, ratio)
             motion = jnp.where(unmatched, 0, motion)
         refresh = known_refresh | (ratio < cfg.min_match)
