@@ -16,8 +16,9 @@ What users call:
   run time by the stream's dirty fraction (`AdaptiveStreams`,
   ``adaptive.streams(n)``: many streams of them); `calibrate`: the dirty
   fractions a few frames show, per layer;
-- `keep_freed_memory`: let the C library keep freed heap memory for the next
-  frame (`dcjax.allocator`; the ``dcjax`` command does it on start).
+- `keep_freed_memory`, `run_on_calling_thread`: let the C library keep freed
+  heap memory for the next frame, and run executables where it can keep it
+  (`dcjax.allocator`; the ``dcjax`` command does both on start).
 
 Subpackages: `dcjax.matching` (block matchers), `dcjax.transforms` (the jaxpr
 passes), `dcjax.kernels` (masked sparse convolution), `dcjax.models` (Flax
@@ -28,7 +29,7 @@ memory), `dcjax.eval` (the measuring harness and baselines), `dcjax.bench`
 
 __version__ = "0.1.0"
 
-from dcjax.allocator import keep_freed_memory  # noqa: E402
+from dcjax.allocator import keep_freed_memory, run_on_calling_thread  # noqa: E402
 from dcjax.config import Config, RefineConfig, SemanticConfig  # noqa: E402
 from dcjax.deepcache import CachedModel, calibrate, transform  # noqa: E402
 from dcjax.matching import Match  # noqa: E402
@@ -54,5 +55,6 @@ __all__ = [
     "calibrate",
     "exit_point",
     "keep_freed_memory",
+    "run_on_calling_thread",
     "transform",
 ]

@@ -1,22 +1,37 @@
-"""Keeping freed heap memory for reuse between frames (glibc's ``M_TOP_PAD``).
+"""Keeping XLA:CPU's freed buffers for reuse between frames (glibc's malloc).
 
 Contract: `keep_freed_memory(nbytes)` asks the C library's allocator to keep
-up to ``nbytes`` of freed memory at the top of each heap instead of handing it
-back to the operating system, and returns True where it did (Linux with
-glibc), False elsewhere (a no-op). It only ever raises the amount: a call with
-less than an earlier one changes nothing. `configured_pad()` is the amount the
-``dcjax`` command uses: `DEFAULT_TOP_PAD`, or the ``DCJAX_MALLOC_TOP_PAD``
-environment variable in bytes (0: leave the allocator alone).
+freed memory at the top of each heap instead of handing it back to the
+operating system: all of it up to `KEEP_LIMIT` (``M_TRIM_THRESHOLD``), and
+``nbytes`` when it trims beyond that (``M_TOP_PAD``, also what each growth
+of a heap asks for beyond the request); and to serve blocks of every size
+from the heap (``M_MMAP_MAX`` 0), so that large ones are kept too. It
+returns True where it did (Linux with glibc), False elsewhere (a no-op). It
+only ever raises the pad: a call with less than an earlier one changes
+nothing. `run_on_calling_thread()` turns JAX's asynchronous CPU dispatch off,
+so that an executable runs on the thread that calls it; JAX reads the setting
+when it makes its CPU client, so it returns False (and changes nothing) once
+the process has run a computation. `configured_pad()` is
+the amount the ``dcjax`` command uses: `DEFAULT_TOP_PAD`, or the
+``DCJAX_MALLOC_TOP_PAD`` environment variable in bytes (0: leave the
+allocator and the dispatch alone); `setting()` names what this process set.
 
 Why: XLA:CPU allocates an executable's temporary buffers on every call, from
 the heap of the thread that runs it, and frees them at the end. With glibc's
-defaults the heap's top is trimmed after each call, so the next call faults
-every page in again, zero-filled by the kernel: a cached step of MobileNetV2
-at 576x768 touched 53 MB of fresh pages a frame (13,000 page faults) and,
-with the pad, 0.3 MB (docs/performance-notes.md, "The command keeps freed
-heap memory (M_TOP_PAD)"). The setting is process-wide, so the library leaves
-it to its caller: the ``dcjax`` command sets it on start, a program that
-embeds dcjax may call `keep_freed_memory` itself.
+defaults the heap's top is trimmed after each call, and a block above the
+mapping threshold (32 MB at most) is mapped and unmapped on its own, so the
+next call faults every page in again, zero-filled by the kernel: a cached
+step of MobileNetV2 at 576x768 touched 53 MB of fresh pages a frame (13,000
+page faults) and, with the pad, 0.3 MB; the dense step of CenterFace at
+576x768 maps one 85 MB block a call (20,806 page faults a frame), which the
+pad alone cannot keep (docs/performance-notes.md, "The command keeps freed
+heap memory (M_TOP_PAD)" and "The dense step's page faults flatter the
+cache"). The heap of a thread other than the main one holds at most 64 MB
+(glibc's ``HEAP_MAX_SIZE``), and a block larger than that is mapped whatever
+the settings; with asynchronous dispatch XLA:CPU runs executables on a worker
+thread, hence `run_on_calling_thread`. The settings are process-wide, so the
+library leaves them to its caller: the ``dcjax`` command makes both on start,
+a program that embeds dcjax may call them itself.
 """
 
 from __future__ import annotations
@@ -27,7 +42,16 @@ import functools
 import os
 import platform
 
-__all__ = ["DEFAULT_TOP_PAD", "PAD_ENV", "configured_pad", "current_pad", "keep_freed_memory"]
+__all__ = [
+    "DEFAULT_TOP_PAD",
+    "KEEP_LIMIT",
+    "PAD_ENV",
+    "configured_pad",
+    "current_pad",
+    "keep_freed_memory",
+    "run_on_calling_thread",
+    "setting",
+]
 
 #: The pad the ``dcjax`` command asks for (bytes). Measured on MobileNetV2 at
 #: 576x768, whose cached step frees and requests about 54 MB a frame: 32 MB left
@@ -35,11 +59,19 @@ __all__ = ["DEFAULT_TOP_PAD", "PAD_ENV", "configured_pad", "current_pad", "keep_
 #: 256 MB in every run (docs/performance-notes.md).
 DEFAULT_TOP_PAD = 256 << 20
 
+#: Freed memory at the top of a heap kept whatever the pad (bytes: the largest
+#: value ``mallopt`` takes). Temporaries grow with the batch: four streams of
+#: MobileNetV2 at 576x768 free about 340 MB a call, which a 256 MB limit trimmed
+#: and faulted in again on every call (docs/performance-notes.md).
+KEEP_LIMIT = 2**31 - 1
+
 #: Environment variable overriding `DEFAULT_TOP_PAD` for the command (bytes; 0: off).
 PAD_ENV = "DCJAX_MALLOC_TOP_PAD"
 
-_M_TOP_PAD = -2  # glibc's mallopt parameter number
-_set = {"pad": 0}
+_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers
+_M_TOP_PAD = -2
+_M_MMAP_MAX = -4
+_set = {"pad": 0, "heap_only": False, "sync": False}
 
 
 @functools.cache
@@ -63,11 +95,53 @@ def keep_freed_memory(nbytes: int = DEFAULT_TOP_PAD) -> bool:
         return False
     if nbytes <= _set["pad"]:
         return True
+    if not _set["heap_only"]:
+        if mallopt(_M_MMAP_MAX, 0) != 1 or mallopt(_M_TRIM_THRESHOLD, KEEP_LIMIT) != 1:
+            return False
+        _set["heap_only"] = True
     # mallopt takes an int: clamp to its range
     if mallopt(_M_TOP_PAD, min(nbytes, 2**31 - 1)) != 1:
         return False
     _set["pad"] = nbytes
     return True
+
+
+def run_on_calling_thread() -> bool:
+    """Run XLA:CPU executables on the thread that calls them, whose heap is not
+    capped (JAX's ``jax_cpu_enable_async_dispatch`` off; module docstring): a
+    call returns when its outputs are ready. True where it took effect; False
+    where JAX had made its backends already (the setting is read then)."""
+    import jax
+
+    if _backends_made():
+        return _set["sync"]
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    _set["sync"] = True
+    return True
+
+
+def _backends_made() -> bool:
+    """Whether JAX has made its backends (a private function of jax's; where it
+    is missing, assumed not)."""
+    try:
+        from jax._src import xla_bridge
+    except ImportError:
+        return False
+    made = getattr(xla_bridge, "backends_are_initialized", None)
+    return bool(made()) if callable(made) else False
+
+
+def setting() -> str:
+    """What this process set, a condition of every timing it makes on CPU:
+    the pad, whether large blocks come from the heap, and whether executables
+    run on the calling thread, e.g. ``"heap pad 256 MiB, no mapped blocks,
+    trimmed above 2047 MiB, sync dispatch"``."""
+    parts = [f"heap pad {_set['pad'] >> 20} MiB"]
+    if _set["heap_only"]:
+        parts.append(f"no mapped blocks, trimmed above {KEEP_LIMIT >> 20} MiB")
+    if _set["sync"]:
+        parts.append("sync dispatch")
+    return ", ".join(parts)
 
 
 def current_pad() -> int:

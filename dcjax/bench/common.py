@@ -370,9 +370,12 @@ def machine() -> dict[str, Any]:
     """The machine and JAX results are measured on: ``jax`` (version),
     ``backend``, ``device`` (the first device), ``platform``, ``machine`` (the
     architecture), ``cpu_count`` (the machine's cores), ``cpus`` (the cores
-    this process may run on), ``load_average`` (None where unknown) and
-    ``xla_flags``."""
+    this process may run on), ``load_average`` (None where unknown),
+    ``xla_flags`` and ``memory`` (the allocator's and dispatch's settings,
+    `dcjax.allocator.setting`: large layers' times depend on them)."""
     import jax
+
+    from dcjax import allocator
 
     return {
         "jax": jax.__version__,
@@ -386,6 +389,7 @@ def machine() -> dict[str, Any]:
         else os.cpu_count(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "memory": allocator.setting(),
     }
 
 

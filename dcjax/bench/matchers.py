@@ -187,7 +187,7 @@ def run(
         "frames_per_clip": frames,
         "streams": streams,
         "rounds": rounds,
-        **{k: host[k] for k in ("jax", "device", "cpu_count", "load_average", "machine")},
+        **{k: host[k] for k in ("jax", "device", "cpu_count", "load_average", "machine", "memory")},
         "configs": {},
     }
     for k, o in configs.items():

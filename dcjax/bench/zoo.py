@@ -229,7 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     host = machine()
     result = {
         "benchmark": "dcjax bench zoo",
-        **{k: host[k] for k in ("jax", "device", "platform", "cpu_count", "load_average")},
+        **{
+            k: host[k] for k in ("jax", "device", "platform", "cpu_count", "load_average", "memory")
+        },
         "batch": 1,
         "models": rows,
     }

@@ -279,13 +279,16 @@ def _use_compilation_cache() -> None:
 
 
 def _keep_freed_memory() -> str | None:
-    """`dcjax.allocator.keep_freed_memory` with the configured pad; an error line, or None."""
+    """`dcjax.allocator.keep_freed_memory` with the configured pad and
+    `dcjax.allocator.run_on_calling_thread` (neither with a pad of 0); an error
+    line, or None."""
     try:
         pad = allocator.configured_pad()
     except ValueError as e:
         return str(e)
     if pad:
         allocator.keep_freed_memory(pad)
+        allocator.run_on_calling_thread()
     return None
 
 

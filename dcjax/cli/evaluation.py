@@ -46,10 +46,11 @@ def bench_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int
     records: list[dict[str, Any]] = []
     host = common.machine()  # after --cpus pinned the process
     cpus, xla_flags = host["cpus"], host["xla_flags"]
+    # what moves the baselines: cores, XLA:CPU's library choice, the allocator
+    conditions = {k: host[k] for k in ("cpus", "xla_flags", "memory")}
 
     def keep(record: dict[str, Any]) -> None:
-        record["cpus"] = cpus
-        record["xla_flags"] = xla_flags  # XLA:CPU's library choice moves the baseline
+        record.update(conditions)
         records.append(record)
         common.write_json(args.json, records)  # partial results survive an interrupt
 
@@ -65,6 +66,7 @@ def bench_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int
             f"{cpus} CPU core(s) of this machine, JAX {host['jax']} on "
             f"{host['backend']}; medians per frame with matching included."
             + (f" XLA_FLAGS={xla_flags}." if xla_flags else "")
+            + f" Memory: {host['memory']}."
             + note
         )
         report.write_report(args.report, records, matcher_rows=matcher_rows,
@@ -89,8 +91,7 @@ def bench_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int
             input_size="native" if args.native else args.size,
         )  # fmt: skip
     for record in records_out:  # the same, for records not passed to `keep`
-        record["cpus"] = cpus
-        record["xla_flags"] = xla_flags
+        record.update(conditions)
     common.write_json(args.json, records_out)
     if matcher_rows:
         common.write_json(os.path.splitext(args.json)[0] + ".matchers.json", matcher_rows)

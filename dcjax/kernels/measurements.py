@@ -4,7 +4,7 @@ Contract:
 
 - `TuningCache` keeps measurements in a JSON file keyed by the machine
   (`machine_key`: backend, device kind or processor model, cores, on CPU the
-  allocator's heap pad, jax and jaxlib versions, `KERNELS_REVISION`) and the
+  allocator's settings, jax and jaxlib versions, `KERNELS_REVISION`) and the
   layer's geometry (`dcjax.kernels.tiles.layer_key`), so a layer is measured
   once per machine and software; `default_path` says where the file lives
   (``$DCJAX_TUNING_CACHE``, `CACHE_ENV`). Each measurement is seconds a call
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import jax
 
-from dcjax.allocator import current_pad
+from dcjax import allocator
 
 __all__ = [
     "CACHE_ENV",
@@ -53,11 +53,11 @@ def machine_key() -> str:
     """What a measurement depends on besides the layer: backend, device kind
     (on CPU, the processor's model, `cpu_model`: XLA's device kind is ``"cpu"``
     on every processor), cores this process may use, jax and jaxlib versions,
-    the kernels' revision (`KERNELS_REVISION`), and on CPU the freed heap
-    memory the allocator keeps (`dcjax.allocator.current_pad`: without it
-    XLA:CPU's buffers fault their pages in on every call, which slows large
-    dense layers several-fold, so the ``dcjax`` command and a program that
-    leaves the allocator alone keep their own measurements)."""
+    the kernels' revision (`KERNELS_REVISION`), and on CPU the allocator's
+    and dispatch's settings (`dcjax.allocator.setting`: without them XLA:CPU's
+    buffers fault their pages in on every call, which slows large dense layers
+    several-fold, so the ``dcjax`` command and a program that leaves the
+    allocator alone keep their own measurements)."""
     import jaxlib
 
     backend = jax.default_backend()
@@ -65,7 +65,7 @@ def machine_key() -> str:
     setting: tuple[str, ...] = ()
     if backend == "cpu":
         kind = f"{kind} {cpu_model()}"
-        setting = (f"heap pad {current_pad() >> 20} MiB",)
+        setting = (allocator.setting(),)
     versions = f"jax {jax.__version__}", f"jaxlib {jaxlib.__version__}"
     revision = f"kernels r{KERNELS_REVISION}"
     return "|".join((backend, kind, f"{cores()} cores", *setting, *versions, revision))

@@ -80,6 +80,10 @@ def test_bench_writes_json_and_report(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
     assert all(r["cpus"] == len(os.sched_getaffinity(0)) for r in records)
     assert all(r["xla_flags"] == os.environ.get("XLA_FLAGS", "") for r in records)
+    # the command's memory settings, a condition of every time (dcjax.allocator)
+    from dcjax import allocator
+
+    assert all(r["memory"] == allocator.setting() and "heap pad" in r["memory"] for r in records)
 
 
 def test_bench_profile_says_where_the_time_went(tmp_path):

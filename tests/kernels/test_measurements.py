@@ -57,18 +57,26 @@ def test_measurements_are_kept_per_processor_model(monkeypatch, tmp_path):
     assert cache.get(amd, key, "dense") == (1.0,) * len(km.FRACTIONS)
 
 
-def test_measurements_are_kept_per_heap_pad(monkeypatch, tmp_path):
-    """Without the allocator's pad XLA:CPU faults its buffers' pages in on every
-    call, which changes large layers' timings several-fold: the ``dcjax``
-    command (which sets the pad) and a program that does not keep their own."""
+def test_measurements_are_kept_per_allocator_setting(monkeypatch, tmp_path):
+    """Without the allocator's settings XLA:CPU faults its buffers' pages in on
+    every call, which changes large layers' timings several-fold: the ``dcjax``
+    command (which makes them) and a program that does not keep their own."""
     from dcjax import allocator
 
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")  # the key of CPU timings
     monkeypatch.setitem(allocator._set, "pad", 0)
+    monkeypatch.setitem(allocator._set, "heap_only", False)
+    monkeypatch.setitem(allocator._set, "sync", False)
     bare = km.machine_key()
     monkeypatch.setitem(allocator._set, "pad", 256 << 20)
     padded = km.machine_key()
-    assert bare != padded and "heap pad 256 MiB" in padded and "heap pad 0 MiB" in bare
+    monkeypatch.setitem(allocator._set, "heap_only", True)
+    heap_only = km.machine_key()
+    monkeypatch.setitem(allocator._set, "sync", True)
+    synced = km.machine_key()
+    assert len({bare, padded, heap_only, synced}) == 4
+    assert "heap pad 256 MiB" in padded and "heap pad 0 MiB" in bare
+    assert "no mapped blocks" in heap_only and "sync dispatch" in synced
     cache = km.TuningCache(tmp_path / "t.json")
     key = layer_key(_layer(), jnp.float32)
     cache.put(bare, key, "dense", (1.0,) * len(km.FRACTIONS))
