@@ -11,8 +11,8 @@ only ever raises the pad: a call with less than an earlier one changes
 nothing. `run_on_calling_thread()` turns JAX's asynchronous CPU dispatch off,
 so that an executable runs on the thread that calls it; JAX reads the setting
 when it makes its CPU client, so it returns False (and changes nothing) once
-the process has run a computation. `configured_pad()` is
-the amount the ``dcjax`` command uses: `DEFAULT_TOP_PAD`, or the
+the process has run a computation. `configured_pad()` is the amount the
+``dcjax`` command uses: `DEFAULT_TOP_PAD`, or the
 ``DCJAX_MALLOC_TOP_PAD`` environment variable in bytes (0: leave the
 allocator and the dispatch alone); `setting()` names what this process set.
 
@@ -25,13 +25,14 @@ step of MobileNetV2 at 576x768 touched 53 MB of fresh pages a frame (13,000
 page faults) and, with the pad, 0.3 MB; the dense step of CenterFace at
 576x768 maps one 85 MB block a call (20,806 page faults a frame), which the
 pad alone cannot keep (docs/performance-notes.md, "The command keeps freed
-heap memory (M_TOP_PAD)" and "The dense step's page faults flatter the
-cache"). The heap of a thread other than the main one holds at most 64 MB
-(glibc's ``HEAP_MAX_SIZE``), and a block larger than that is mapped whatever
-the settings; with asynchronous dispatch XLA:CPU runs executables on a worker
-thread, hence `run_on_calling_thread`. The settings are process-wide, so the
-library leaves them to its caller: the ``dcjax`` command makes both on start,
-a program that embeds dcjax may call them itself.
+heap memory (M_TOP_PAD)" and "The command maps no blocks and runs
+executables on the calling thread"). The heap of a thread other than the
+main one holds at most 64 MB (glibc's ``HEAP_MAX_SIZE``), and a block larger
+than that is mapped whatever the settings; with asynchronous dispatch XLA:CPU
+runs executables on a worker thread, hence `run_on_calling_thread`. The
+settings are process-wide, so the library leaves them to its caller: the
+``dcjax`` command makes both on start, a program that embeds dcjax may call
+them itself.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def _libc():
 
 
 def keep_freed_memory(nbytes: int = DEFAULT_TOP_PAD) -> bool:
-    """Keep up to ``nbytes`` of freed memory per heap for reuse (module docstring)."""
+    """Keep freed heap memory for reuse, ``nbytes`` of it when trimming (module docstring)."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
         raise ValueError(f"dcjax: the pad must be a number of bytes >= 0, got {nbytes!r}")
     mallopt = _libc()
