@@ -43,12 +43,13 @@ import functools
 import os
 import platform
 
+from dcjax._compat import backends_made
+
 __all__ = [
     "DEFAULT_TOP_PAD",
     "KEEP_LIMIT",
     "PAD_ENV",
     "configured_pad",
-    "current_pad",
     "keep_freed_memory",
     "run_on_calling_thread",
     "setting",
@@ -114,22 +115,11 @@ def run_on_calling_thread() -> bool:
     where JAX had made its backends already (the setting is read then)."""
     import jax
 
-    if _backends_made():
+    if backends_made():
         return _set["sync"]
     jax.config.update("jax_cpu_enable_async_dispatch", False)
     _set["sync"] = True
     return True
-
-
-def _backends_made() -> bool:
-    """Whether JAX has made its backends (a private function of jax's; where it
-    is missing, assumed not)."""
-    try:
-        from jax._src import xla_bridge
-    except ImportError:
-        return False
-    made = getattr(xla_bridge, "backends_are_initialized", None)
-    return bool(made()) if callable(made) else False
 
 
 def setting() -> str:
@@ -143,12 +133,6 @@ def setting() -> str:
     if _set["sync"]:
         parts.append("sync dispatch")
     return ", ".join(parts)
-
-
-def current_pad() -> int:
-    """The pad this process has set (bytes; 0 where `keep_freed_memory` never
-    raised it): a condition of every timing the process makes on CPU."""
-    return _set["pad"]
 
 
 def configured_pad() -> int:

@@ -19,7 +19,7 @@ ROOT = pathlib.Path(dcjax.__file__).parent
 #: docs/design.md's layers, lowest first: a top-level module or subpackage of
 #: dcjax imports only from its own layer or lower ones. Unlisted: layer 6.
 LAYERS = {
-    **dict.fromkeys(("_loops", "_compact", "_checks", "allocator"), 1),
+    **dict.fromkeys(("_loops", "_compact", "_checks", "_compat", "allocator"), 1),
     **dict.fromkeys(("kernels", "matching", "video", "models"), 2),
     "transforms": 3,
     "config": 4,
