@@ -204,8 +204,10 @@ def test_layers_reading_one_map_share_its_test_and_reference():
     for f in frames:
         out_s, ss, info_s = shared.step(ss, f)
         out_p, sp, info_p = separate.step(sp, f)
+        # the same decisions; the values to float32 rounding (the two graphs
+        # differ, so XLA may fuse and contract them differently)
         for a, b in zip(out_s, out_p):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(info_s["reuse_fraction"], info_p["reuse_fraction"])
         np.testing.assert_array_equal(np.asarray(ss.ref_scale), np.asarray(sp.ref_scale))
     # the stream is one where refinement reuses in both branches
