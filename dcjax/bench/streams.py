@@ -20,8 +20,9 @@ runs right after the same one (docs/performance-notes.md):
 
 Per method and N the records give ``mean_ms`` (the mean time of a step over
 N: a frame's cost), ``throughput_fps`` (frames of all streams a second),
-``p99_ms`` and ``step_mean_ms`` (a step's latency, which every frame of the
-batch waits for), ``speedup_vs_plain`` and ``speedup_vs_dense`` (ratios of
+``p99_ms``, ``max_ms`` and ``step_mean_ms`` (a step's latency, which every
+frame of the batch waits for), ``step_ms`` (each timed step's milliseconds in
+the clip's order, so that a slow step can be placed), ``speedup_vs_plain`` and ``speedup_vs_dense`` (ratios of
 mean times against the baselines at the same N), and for the cached methods
 the ``ideal`` speedup (total FLOPs over the FLOPs the streams' frames
 computed, from an untimed pass with statistics over the same frames), the
@@ -192,6 +193,7 @@ def run(
                 "streams": n, "frames": length, "mean_ms": mean[m],
                 "throughput_fps": 1e3 / mean[m], "step_mean_ms": float(step_ms.mean()),
                 "p99_ms": float(np.percentile(step_ms, 99)), "max_ms": float(step_ms.max()),
+                "step_ms": [round(float(v), 3) for v in step_ms],
                 "speedup_vs_plain": mean["plain"] / mean[m],
                 "speedup_vs_dense": mean["dense"] / mean[m],
             }  # fmt: skip

@@ -38,6 +38,10 @@ def test_records_per_method_and_number_of_streams(tmp_path, capsys):
         assert r["frame_shape"] == [64, 64, 3] and r["frames"] == 4
         assert r["mean_ms"] > 0 and r["p99_ms"] >= r["step_mean_ms"] * 0.999 - 1e-9
         assert r["throughput_fps"] == pytest.approx(1e3 / r["mean_ms"])
+        # each timed step, in order: the summaries are theirs
+        assert len(r["step_ms"]) == 4 and min(r["step_ms"]) > 0
+        assert np.mean(r["step_ms"]) == pytest.approx(r["step_mean_ms"], rel=1e-3)
+        assert max(r["step_ms"]) == pytest.approx(r["max_ms"], rel=1e-3, abs=1e-3)
         # a frame's cost is the step's time over the streams that share it
         assert r["step_mean_ms"] == pytest.approx(r["mean_ms"] * r["streams"])
         same_n = {q["method"]: q for q in records if q["streams"] == r["streams"]}
