@@ -22,8 +22,9 @@ Per method and N the records give ``mean_ms`` (the mean time of a step over
 N: a frame's cost), ``throughput_fps`` (frames of all streams a second),
 ``p99_ms``, ``max_ms`` and ``step_mean_ms`` (a step's latency, which every
 frame of the batch waits for), ``step_ms`` (each timed step's milliseconds in
-the clip's order, so that a slow step can be placed), ``speedup_vs_plain`` and ``speedup_vs_dense`` (ratios of
-mean times against the baselines at the same N), and for the cached methods
+the clip's order, so that a slow step can be placed), ``speedup_vs_plain``
+and ``speedup_vs_dense`` (ratios of mean times against the baselines at the
+same N), and for the cached methods
 the ``ideal`` speedup (total FLOPs over the FLOPs the streams' frames
 computed, from an untimed pass with statistics over the same frames), the
 ``still_fraction`` (stream frames whose input was wholly reusable with no
