@@ -6,7 +6,9 @@ For each number of streams N, the N streams are one video at different time
 offsets (stream i starts ``i * offset`` frames in), stepped together, and
 five methods run on the same frames in one process, interleaved frame by
 frame in an order drawn afresh each frame (seeded), so that no method always
-runs right after the same one (docs/performance-notes.md):
+runs right after the same one (docs/performance-notes.md). Before the timed
+frames each method is compiled and stepped twice, then every method runs once
+more, untimed, from a fresh state:
 
 - ``plain``: ``jax.jit(model.apply)`` on the batch of N frames;
 - ``dense``: dcjax's dense lowering (the ``nocache`` method) under
@@ -176,6 +178,12 @@ def run(
                 out, s, _ = step(s, clips[t])
             jax.block_until_ready(out)
             states[m] = init(n)
+        # One more untimed call of each, now that every method has compiled: a
+        # method's first call after the others' compiling and warming up was
+        # several times its others (the dense step of 4 MobileNetV2 streams at
+        # 576x768: 894 ms against 209-288; docs/performance-notes.md).
+        for init, step in runners.values():
+            jax.block_until_ready(step(init(n), clips[0])[0])
         for t in progress(range(length), desc=f"{n} streams", unit="frame", quiet=quiet):
             order = [METHODS[i] for i in rng.permutation(len(METHODS))]
             for m in order:

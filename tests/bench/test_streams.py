@@ -58,6 +58,33 @@ def test_records_per_method_and_number_of_streams(tmp_path, capsys):
     assert "deepcache_sync" in text and f"records: {out}" in text
 
 
+def test_every_method_runs_once_more_after_all_have_compiled(monkeypatch, tmp_path):
+    """The timed frames start after a round of every method, so that no
+    method's first timed step is its first call after the others compiled."""
+    calls, made = [], streams._methods
+
+    def counting(spec, config):
+        runners, plan = made(spec, config)
+
+        def wrap(m, step):
+            return lambda s, f: (calls.append((f.shape[0], m)), step(s, f))[1]
+
+        return {m: (init, wrap(m, step)) for m, (init, step) in runners.items()}, plan
+
+    monkeypatch.setattr(streams, "_methods", counting)
+    argv = ["--model", "squeezenet", "--width", "0.25", "--size", "32x32", "--streams", "1",
+            "2", "--frames", "3", "--json", str(tmp_path / "s.json"), "--no-progress"]  # fmt: skip
+    assert streams.main(argv) == 0
+    k = len(streams.METHODS)
+    for n in (1, 2):
+        seq = [m for size, m in calls if size == n]
+        assert len(seq) == k * (2 + 1 + 3)  # two warm-up steps, the round, three frames
+        assert seq[: 2 * k] == [m for m in streams.METHODS for _ in range(2)]
+        assert seq[2 * k : 3 * k] == list(streams.METHODS)  # the round, then the timed frames
+        for t in range(3):
+            assert sorted(seq[(3 + t) * k : (4 + t) * k]) == sorted(streams.METHODS)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
