@@ -179,9 +179,9 @@ def run(
             jax.block_until_ready(out)
             states[m] = init(n)
         # One more untimed call of each, now that every method has compiled: a
-        # method's first call after the others' compiling and warming up was
-        # several times its others (the dense step of 4 MobileNetV2 streams at
-        # 576x768: 894 ms against 209-288; docs/performance-notes.md).
+        # method's first call after the others' compiling and warming up is
+        # slow (docs/performance-notes.md, "The command maps no blocks and runs
+        # executables on the calling thread", its streams paragraphs).
         for init, step in runners.values():
             jax.block_until_ready(step(init(n), clips[0])[0])
         for t in progress(range(length), desc=f"{n} streams", unit="frame", quiet=quiet):
