@@ -6,9 +6,8 @@ For each number of streams N, the N streams are one video at different time
 offsets (stream i starts ``i * offset`` frames in), stepped together, and
 five methods run on the same frames in one process, interleaved frame by
 frame in an order drawn afresh each frame (seeded), so that no method always
-runs right after the same one (docs/performance-notes.md). Before the timed
-frames each method is compiled and stepped twice, then every method runs once
-more, untimed, from a fresh state:
+runs right after the same one, after a warm-up that compiles each and then
+calls every one once more, untimed (`dcjax.eval.interleaving`):
 
 - ``plain``: ``jax.jit(model.apply)`` on the batch of N frames;
 - ``dense``: dcjax's dense lowering (the ``nocache`` method) under
@@ -40,6 +39,7 @@ plots throughput against N.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Sequence
@@ -155,7 +155,7 @@ def run(
     import jax
     import jax.numpy as jnp
 
-    from dcjax.eval import methods
+    from dcjax.eval import interleaving, methods
     from dcjax.eval.harness import calibrated
 
     if config is None:
@@ -166,27 +166,17 @@ def run(
     clips_max = stream_clips(frames, max(streams), length, offset)
     stats = _statistics(spec, config, clips_max)
     records = []
-    rng = np.random.default_rng(0)
+    orders = interleaving.frame_orders(METHODS, length * len(streams))
     for n in streams:
         clips = jnp.asarray(stream_clips(frames, n, length, offset))
         times: dict[str, list[float]] = {m: [] for m in METHODS}
         outs: dict[str, list[np.ndarray]] = {m: [] for m in METHODS}
-        states = {}
-        for m, (init, step) in runners.items():  # compile, then start afresh
-            s = init(n)
-            for t in range(2):
-                out, s, _ = step(s, clips[t])
-            jax.block_until_ready(out)
-            states[m] = init(n)
-        # One more untimed call of each, now that every method has compiled: a
-        # method's first call after the others' compiling and warming up is
-        # slow (docs/performance-notes.md, "The command maps no blocks and runs
-        # executables on the calling thread", its streams paragraphs).
-        for init, step in runners.values():
-            jax.block_until_ready(step(init(n), clips[0])[0])
+        interleaving.warm_up(
+            {m: (functools.partial(init, n), step) for m, (init, step) in runners.items()}, clips
+        )
+        states = {m: init(n) for m, (init, _) in runners.items()}
         for t in progress(range(length), desc=f"{n} streams", unit="frame", quiet=quiet):
-            order = [METHODS[i] for i in rng.permutation(len(METHODS))]
-            for m in order:
+            for m in next(orders):
                 init, step = runners[m]
                 t0 = time.perf_counter()
                 out, states[m], _ = step(states[m], clips[t])

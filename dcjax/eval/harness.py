@@ -5,18 +5,19 @@
 
 1. the frames are decoded up front (decoding is not timed) and put on the
    device as uint8 ``(H, W, 3)`` arrays;
-2. every method is instantiated (`dcjax.eval.registry.make_runner`) and warmed up on the
-   first frames from a fresh state, which compiles its step (the compile time
-   is recorded, not counted); a method with a twin without per-layer
-   statistics (`Runner.timed`: DeepCache's methods, whose statistics need
-   every layer's mask propagated, work the step does for the report alone)
-   is timed through the twin;
+2. every method is instantiated (`dcjax.eval.registry.make_runner`) and warmed up
+   (`dcjax.eval.interleaving.warm_up`): stepped over the first frames from a
+   fresh state, which compiles its step (the compile time is recorded, not
+   counted), and, once all have compiled, called once more, untimed; a
+   method with a twin without per-layer statistics (`Runner.timed`:
+   DeepCache's methods, whose statistics need every layer's mask propagated,
+   work the step does for the report alone) is timed through the twin;
 3. every method restarts from a fresh state and the frames are streamed:
    for each frame, each method in turn calls ``step`` once and waits for
    everything it returned (``block_until_ready``), in an order drawn afresh
-   each frame (a seeded permutation), so that no method always runs right
-   after the same one and inherits what it left in the processor's caches.
-   Interleaving the methods frame by frame keeps them under the same machine
+   each frame (`dcjax.eval.interleaving.frame_orders`), so that no method
+   always runs right after the same one and inherits what it left in the
+   processor's caches. Interleaving the methods frame by frame keeps them under the same machine
    load, so the ratio of mean times is robust to load changing during the
    run;
 4. each method then steps a few more times on the last frame repeated (the
@@ -51,7 +52,7 @@ import numpy as np
 
 from dcjax import autotune, video
 from dcjax.config import Config
-from dcjax.eval import metrics
+from dcjax.eval import interleaving, metrics
 from dcjax.eval.methods import state_bytes
 from dcjax.eval.registry import ModelSpec, Runner, make_runner, parse_method
 
@@ -247,19 +248,12 @@ def evaluate(
     reporting = {variant: cache[variant] for variant, _, _ in parsed}
     runners = {v: cache.get(_TIMED + v, r) for v, r in reporting.items()}
     dev_frames = [jnp.asarray(f) for f in frames]
-    compile_s: dict[str, float] = {}
-    warm: Iterable = runners.items()
-    if progress:
-        from tqdm.auto import tqdm
-
-        warm = tqdm(warm, total=len(runners), desc=f"compiling {spec.name}", unit="method",
-                    leave=False)  # fmt: skip
-    for variant, runner in warm:
-        t0 = time.perf_counter()
-        state = runner.init()
-        for f in dev_frames[: max(1, min(warmup, len(dev_frames)))]:
-            state = jax.block_until_ready(runner.step(state, f))[1]
-        compile_s[variant] = time.perf_counter() - t0
+    compile_s = interleaving.warm_up(
+        {v: (r.init, r.step) for v, r in runners.items()},
+        dev_frames,
+        steps=max(1, warmup),
+        desc=f"compiling {spec.name}" if progress else None,
+    )
 
     states = {v: r.init() for v, r in runners.items()}
     times = {v: [] for v in runners}
@@ -271,10 +265,9 @@ def evaluate(
 
         iterator = tqdm(dev_frames, desc=f"{spec.name} {os.path.basename(video_label)}",
                         unit="frame", leave=False)  # fmt: skip
-    names = list(runners)
-    rng = np.random.default_rng(0)
-    for f in iterator:
-        for variant in (names[i] for i in rng.permutation(len(names))):
+    orders = interleaving.frame_orders(list(runners), len(dev_frames))
+    for f, order in zip(iterator, orders, strict=True):
+        for variant in order:
             runner = runners[variant]
             t0 = time.perf_counter()
             result = jax.block_until_ready(runner.step(states[variant], f))

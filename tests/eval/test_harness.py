@@ -133,7 +133,9 @@ def test_the_order_of_the_methods_is_drawn_afresh_each_frame(spec, clip):
     frames = np.concatenate([clip, clip])
     harness.evaluate(spec, frames, ["frame"], progress=False, runner_cache=cache, warmup=1)
     n = len(variants)
-    timed = calls[n : n + n * len(frames)]  # after one warm-up step each
+    assert calls[:n] == variants  # one warm-up step each, in the methods' order,
+    assert calls[n : 2 * n] == variants  # then the untimed round (`interleaving.warm_up`)
+    timed = calls[2 * n : 2 * n + n * len(frames)]
     rounds = [timed[i : i + n] for i in range(0, len(timed), n)]
     assert all(sorted(r) == sorted(variants) for r in rounds)
     before = {v: {r[r.index(v) - 1] for r in rounds if r.index(v) > 0} for v in variants}

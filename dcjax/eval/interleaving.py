@@ -1,0 +1,83 @@
+"""Interleaved timing of stateful methods on the same frames: the warm-up and the order.
+
+Every measurement that compares methods frame by frame (`dcjax.eval.harness`,
+``dcjax bench streams``) runs them in one process on the same frames, and
+follows the same two rules (docs/performance-notes.md):
+
+- `warm_up`: each method in turn is stepped from a fresh state over the first
+  frames, which compiles it; then every method is called once more, untimed,
+  from a fresh state on the first frame. A method's first call after the
+  others have compiled and warmed up is slow (performance-notes, "The command
+  maps no blocks and runs executables on the calling thread", its streams
+  paragraphs); this round keeps that call out of the timed frames.
+- `frame_orders`: the methods of each frame run in an order drawn afresh
+  (seeded), so that no method always runs right after the same one.
+
+A method here is a pair ``(init, step)``: ``init()`` makes a fresh state,
+``step(state, frame)`` returns a tuple whose first two items are the output
+and the next state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+Method = tuple[Callable[[], Any], Callable[[Any, Any], tuple]]
+
+__all__ = ["Method", "frame_orders", "warm_up"]
+
+
+def warm_up(
+    methods: Mapping[str, Method],
+    frames: Sequence[Any],
+    *,
+    steps: int = 2,
+    desc: str | None = None,
+) -> dict[str, float]:
+    """Compile each of ``methods``, then call every one once more (module docstring).
+
+    Args:
+        methods: name -> ``(init, step)``, warmed up in this order.
+        frames: what the methods step over; the first ``steps`` are used (at
+            least one).
+        steps: frames each method is stepped over from a fresh state to compile.
+        desc: a progress bar's label over the methods; none without it.
+
+    Returns:
+        name -> seconds of its first pass (its compiling and ``steps`` steps).
+
+    Raises:
+        ValueError: no frames, or ``steps`` below 1.
+    """
+    if len(frames) == 0:
+        raise ValueError("dcjax: warm_up needs at least one frame")
+    if steps < 1:
+        raise ValueError(f"dcjax: warm_up's steps must be at least 1, got {steps}")
+    items: Any = methods.items()
+    if desc is not None:
+        from tqdm.auto import tqdm
+
+        items = tqdm(items, total=len(methods), desc=desc, unit="method", leave=False)
+    seconds = {}
+    for name, (init, step) in items:
+        t0 = time.perf_counter()
+        state = init()
+        for f in frames[: min(steps, len(frames))]:
+            state = jax.block_until_ready(step(state, f)[:2])[1]
+        seconds[name] = time.perf_counter() - t0
+    for init, step in methods.values():  # the round: every method once more, from afresh
+        jax.block_until_ready(step(init(), frames[0])[:2])
+    return seconds
+
+
+def frame_orders(names: Sequence[str], count: int, *, seed: int = 0) -> Iterator[list[str]]:
+    """``count`` orders of ``names``, one a frame, each a permutation drawn afresh
+    from a generator seeded with ``seed`` (the same orders on every run)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        yield [names[i] for i in rng.permutation(len(names))]

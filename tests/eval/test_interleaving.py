@@ -1,0 +1,63 @@
+"""`dcjax.eval.interleaving`: the warm-up's calls and the per-frame orders."""
+
+import itertools
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dcjax.eval import interleaving
+
+
+def _method(name, log):
+    """A counting method: its state counts its steps since ``init``."""
+
+    def init():
+        log.append((name, "init"))
+        return jnp.int32(0)
+
+    def step(state, frame):
+        log.append((name, int(state), int(frame)))
+        return frame * 2, state + 1, {"n": state}
+
+    return init, step
+
+
+def test_each_method_compiles_in_turn_then_all_run_once_more_from_afresh():
+    log = []
+    methods = {m: _method(m, log) for m in ("b", "a", "c")}
+    seconds = interleaving.warm_up(methods, [jnp.int32(7), jnp.int32(8), jnp.int32(9)], steps=2)
+    assert list(seconds) == ["b", "a", "c"] and all(s >= 0 for s in seconds.values())
+    warm = [e for m in ("b", "a", "c") for e in [(m, "init"), (m, 0, 7), (m, 1, 8)]]
+    round_ = [e for m in ("b", "a", "c") for e in [(m, "init"), (m, 0, 7)]]
+    assert log == warm + round_
+
+
+def test_warm_up_uses_the_frames_it_has():
+    log = []
+    interleaving.warm_up({"a": _method("a", log)}, [jnp.int32(3)], steps=5)
+    assert log == [("a", "init"), ("a", 0, 3), ("a", "init"), ("a", 0, 3)]
+
+
+@pytest.mark.parametrize(
+    ("frames", "steps", "match"),
+    [([], 2, "at least one frame"), ([1], 0, "steps must be at least 1")],
+)
+def test_warm_up_rejects_nothing_to_step(frames, steps, match):
+    with pytest.raises(ValueError, match=match):
+        interleaving.warm_up({"a": _method("a", [])}, frames, steps=steps)
+
+
+def test_orders_are_permutations_drawn_afresh_and_repeatable():
+    names = ["p", "q", "r", "s"]
+    orders = list(interleaving.frame_orders(names, 200, seed=3))
+    assert len(orders) == 200 and all(sorted(o) == names for o in orders)
+    # every method follows every other one somewhere, and leads somewhere
+    follows = {(o[i - 1], o[i]) for o in orders for i in range(1, len(o))}
+    assert follows == set(itertools.permutations(names, 2))
+    assert {o[0] for o in orders} == set(names)
+    assert orders == list(interleaving.frame_orders(names, 200, seed=3))
+    assert orders != list(interleaving.frame_orders(names, 200, seed=4))
+    # a generator: the first k orders do not depend on how many are asked for
+    assert list(interleaving.frame_orders(names, 5, seed=3)) == orders[:5]
+    assert np.unique([tuple(o) for o in orders], axis=0).shape[0] == 24  # all 4! seen
