@@ -17,9 +17,9 @@
    everything it returned (``block_until_ready``), in an order drawn afresh
    each frame (`dcjax.eval.interleaving.frame_orders`), so that no method
    always runs right after the same one and inherits what it left in the
-   processor's caches. Interleaving the methods frame by frame keeps them under the same machine
-   load, so the ratio of mean times is robust to load changing during the
-   run;
+   processor's caches. Interleaving the methods frame by frame keeps them
+   under the same machine load, so the ratio of mean times is robust to load
+   changing during the run;
 4. each method then steps a few more times on the last frame repeated (the
    fixed cost of matching and caching when everything is reusable); a method
    timed through its twin then runs over the same frames from a fresh state,
