@@ -67,7 +67,7 @@ def warm_up(
     for name, (init, step) in items:
         t0 = time.perf_counter()
         state = init()
-        for f in frames[: min(steps, len(frames))]:
+        for f in frames[:steps]:
             state = jax.block_until_ready(step(state, f)[:2])[1]
         seconds[name] = time.perf_counter() - t0
     for init, step in methods.values():  # the round: every method once more, from afresh
