@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -177,11 +176,10 @@ def run(
         states = {m: init(n) for m, (init, _) in runners.items()}
         for t in progress(range(length), desc=f"{n} streams", unit="frame", quiet=quiet):
             for m in next(orders):
-                init, step = runners[m]
-                t0 = time.perf_counter()
-                out, states[m], _ = step(states[m], clips[t])
-                jax.block_until_ready((out, states[m]))
-                times[m].append(time.perf_counter() - t0)
+                seconds, (out, states[m], _) = interleaving.timed_step(
+                    runners[m][1], states[m], clips[t]
+                )
+                times[m].append(seconds)
                 outs[m].append(np.asarray(jax.tree_util.tree_leaves(out)[0]))
         mean = {m: 1e3 * float(np.mean(v)) / n for m, v in times.items()}
         ratio = stats["flops_ratio"][:, :n]

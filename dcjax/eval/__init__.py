@@ -10,8 +10,8 @@
   the baselines `dcjax.eval.deepmon`, `dcjax.eval.mil`, `dcjax.eval.frame`;
 - `dcjax.eval.harness`: ``evaluate`` (interleaved per-frame timing of methods on
   the same frames), ``model_spec``, ``load_frames``;
-- `dcjax.eval.interleaving`: the warm-up and the per-frame orders of every
-  interleaved measurement (the harness, ``dcjax bench streams``);
+- `dcjax.eval.interleaving`: the warm-up, the per-frame orders and the timed
+  step of every interleaved measurement (the harness, ``dcjax bench streams``);
 - `dcjax.eval.metrics`: the JSON record of one (model, video, method);
 - `dcjax.eval.profile`: where a method's time goes, layer by layer
   (``dcjax profile``);

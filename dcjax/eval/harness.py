@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -161,10 +160,9 @@ def _static_frame_ms(runner: Runner, state: Any, frame: jax.Array, repeats: int 
     but every frame of a method that recomputes every frame)."""
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        _, state, info = jax.block_until_ready(runner.step(state, frame))
+        seconds, (_, state, info) = interleaving.timed_step(runner.step, state, frame)
         if not bool(np.asarray(info["refreshed"])) or runner.method in BASELINES:
-            times.append((time.perf_counter() - t0) * 1e3)
+            times.append(seconds * 1e3)
     return float(np.mean(times)) if times else None
 
 
@@ -268,10 +266,8 @@ def evaluate(
     orders = interleaving.frame_orders(list(runners), len(dev_frames))
     for f, order in zip(iterator, orders, strict=True):
         for variant in order:
-            runner = runners[variant]
-            t0 = time.perf_counter()
-            result = jax.block_until_ready(runner.step(states[variant], f))
-            times[variant].append((time.perf_counter() - t0) * 1e3)
+            seconds, result = interleaving.timed_step(runners[variant].step, states[variant], f)
+            times[variant].append(seconds * 1e3)
             out, states[variant], info = result
             outs[variant].append(out)
             infos[variant].append(info)

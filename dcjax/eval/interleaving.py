@@ -12,6 +12,8 @@ follows the same two rules (docs/performance-notes.md):
   paragraphs); this round keeps that call out of the timed frames.
 - `frame_orders`: the methods of each frame run in an order drawn afresh
   (seeded), so that no method always runs right after the same one.
+- `timed_step`: a timed call waits for everything the step returns (output,
+  state and info), so no work of one method spills into the next one's time.
 
 A method here is a pair ``(init, step)``: ``init()`` makes a fresh state,
 ``step(state, frame)`` returns a tuple whose first two items are the output
@@ -29,7 +31,7 @@ import numpy as np
 
 Method = tuple[Callable[[], Any], Callable[[Any, Any], tuple]]
 
-__all__ = ["Method", "frame_orders", "warm_up"]
+__all__ = ["Method", "frame_orders", "timed_step", "warm_up"]
 
 
 def warm_up(
@@ -68,11 +70,19 @@ def warm_up(
         t0 = time.perf_counter()
         state = init()
         for f in frames[:steps]:
-            state = jax.block_until_ready(step(state, f)[:2])[1]
+            state = timed_step(step, state, f)[1][1]
         seconds[name] = time.perf_counter() - t0
     for init, step in methods.values():  # the round: every method once more, from afresh
-        jax.block_until_ready(step(init(), frames[0])[:2])
+        timed_step(step, init(), frames[0])
     return seconds
+
+
+def timed_step(step: Callable[[Any, Any], tuple], state: Any, frame: Any) -> tuple[float, tuple]:
+    """``(seconds, result)`` of ``result = step(state, frame)``, timed until every
+    array in ``result`` is ready (``jax.block_until_ready``)."""
+    t0 = time.perf_counter()
+    result = jax.block_until_ready(step(state, frame))
+    return time.perf_counter() - t0, result
 
 
 def frame_orders(names: Sequence[str], count: int, *, seed: int = 0) -> Iterator[list[str]]:

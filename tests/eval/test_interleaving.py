@@ -1,4 +1,4 @@
-"""`dcjax.eval.interleaving`: the warm-up's calls and the per-frame orders."""
+"""`dcjax.eval.interleaving`: the warm-up's calls, the per-frame orders and the timed step."""
 
 import itertools
 
@@ -61,3 +61,34 @@ def test_orders_are_permutations_drawn_afresh_and_repeatable():
     # a generator: the first k orders do not depend on how many are asked for
     assert list(interleaving.frame_orders(names, 5, seed=3)) == orders[:5]
     assert np.unique([tuple(o) for o in orders], axis=0).shape[0] == 24  # all 4! seen
+
+
+class _Slow:
+    """A leaf that becomes ready only after ``delay`` seconds of its
+    ``block_until_ready``, and says whether it was waited for."""
+
+    def __init__(self, delay):
+        self.delay, self.waited = delay, False
+
+    def block_until_ready(self):
+        import time
+
+        time.sleep(self.delay)
+        self.waited = True
+        return self
+
+
+@pytest.mark.parametrize("where", [0, 1, 2])
+def test_a_timed_step_waits_for_every_item_it_returns(where):
+    slow = _Slow(0.05)
+
+    def step(state, frame):
+        items = [frame + 1, state + 1, {"n": state}]
+        items[where] = {"slow": slow}
+        return tuple(items)
+
+    seconds, result = interleaving.timed_step(step, jnp.int32(4), jnp.int32(9))
+    assert slow.waited and seconds >= 0.05
+    assert result[where] == {"slow": slow}
+    if where != 0:
+        assert int(result[0]) == 10
