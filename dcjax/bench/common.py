@@ -289,6 +289,18 @@ def warn_truncated(error: Exception, kept: int) -> None:
           file=sys.stderr, flush=True)  # fmt: skip
 
 
+def warn_above_ideal(rows: Iterable[tuple[str, float, float | None]]) -> list[str]:
+    """For each ``(label, speedup_vs_dense, ideal)`` whose speedup is above its
+    ideal, `dcjax.eval.metrics.above_ideal`'s warning, printed on stderr;
+    returns the warnings."""
+    from dcjax.eval.metrics import above_ideal
+
+    notes = [n for n in (above_ideal(*row) for row in rows) if n is not None]
+    for note in notes:
+        print(f"dcjax: {note}", file=sys.stderr, flush=True)
+    return notes
+
+
 def input_size(args: argparse.Namespace, path: str) -> tuple[int, int] | None:
     """The frame size (H, W) a command runs at, as its ``--size`` and
     ``--native`` say: the size given, the video at ``path``'s own, or None

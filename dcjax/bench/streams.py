@@ -60,6 +60,7 @@ from dcjax.bench.common import (
     program_parser,
     progress,
     table,
+    warn_above_ideal,
     width,
     write_json,
 )
@@ -295,6 +296,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = run(spec, frames, streams=args.streams, length=args.frames, offset=args.offset,
                   quiet=args.no_progress)  # fmt: skip
     print(table(_rows(records)))
+    warn_above_ideal(
+        (f"{r['method']} at {r['streams']} streams", r["speedup_vs_dense"], r["ideal"])
+        for r in records
+        if "ideal" in r
+    )
     write_json(args.json, {"machine": machine(), "video": args.video, "records": records})
     print(f"records: {args.json}")
     if args.report:

@@ -99,6 +99,10 @@ def bench_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int
         {k: row[k] for k in ("model", "video", *report.SHORT_COLUMNS, "cache MiB")}
         for row in report.summary_rows(records_out)
     ]))  # fmt: skip
+    common.warn_above_ideal(
+        (f"{r['model']} {r['video']} {r['method']}", r["speedup_vs_dense"], r["ideal_speedup"])
+        for r in records_out
+    )
     print(f"wrote {args.json}")
     if args.report:
         print(f"wrote {report_to(records_out)}")

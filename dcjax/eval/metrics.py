@@ -80,6 +80,7 @@ __all__ = [
     "DETECTION_KEYS",
     "PLAIN_FORMS",
     "RECORD_KEYS",
+    "above_ideal",
     "agreement",
     "check_record",
     "fidelity",
@@ -210,6 +211,23 @@ def stability(reference: np.ndarray) -> float | None:
 def ideal_speedup(flops_ratio: np.ndarray) -> float:
     """``1 / mean(flops_ratio)``: the speedup of computing only the FLOPs the step had to."""
     return 1.0 / max(float(np.mean(np.asarray(flops_ratio, np.float64))), 1e-12)
+
+
+def above_ideal(label: str, speedup: float, ideal: float | None) -> str | None:
+    """A one-line warning when ``speedup`` (a method's ``speedup_vs_dense``)
+    exceeds its ``ideal`` (`ideal_speedup`), else None.
+
+    No kernel computes fewer FLOPs than the ideal counts, so a speedup above it
+    says the dense step was slowed by something the method was not (the
+    machine, the methods run between them): the run should be repeated
+    before its figures are used.
+    """
+    if ideal is None or not speedup > ideal:
+        return None
+    return (
+        f"warning: {label} ran {speedup:.2f}x the dense step, above its ideal {ideal:.2f}x "
+        "(the FLOPs it skipped): the dense step was slowed by something else; repeat the run"
+    )
 
 
 def fidelity(reference: np.ndarray, outputs: np.ndarray) -> dict[str, float | None]:

@@ -163,3 +163,14 @@ def test_latency_stats():
     assert math.isclose(s["throughput_fps"], 1000 * 10 / 55)
     with pytest.raises(ValueError):
         metrics.latency_stats([])
+
+
+@pytest.mark.parametrize(
+    ("speedup", "ideal", "warned"),
+    [(1.58, 1.55, True), (1.55, 1.55, False), (1.2, 1.55, False), (1.3, None, False)],
+)
+def test_a_speedup_above_its_ideal_is_a_warning(speedup, ideal, warned):
+    note = metrics.above_ideal("deepcache", speedup, ideal)
+    assert (note is not None) == warned
+    if warned:
+        assert "deepcache" in note and f"{speedup:.2f}x" in note and f"{ideal:.2f}x" in note
