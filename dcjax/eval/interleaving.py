@@ -1,8 +1,8 @@
-"""Interleaved timing of stateful methods on the same frames: the warm-up and the order.
+"""Interleaved timing of stateful methods on the same frames: warm-up, order, timed step.
 
 Every measurement that compares methods frame by frame (`dcjax.eval.harness`,
 ``dcjax bench streams``) runs them in one process on the same frames, and
-follows the same two rules (docs/performance-notes.md):
+follows the same rules (docs/performance-notes.md):
 
 - `warm_up`: each method in turn is stepped from a fresh state over the first
   frames, which compiles it; then every method is called once more, untimed,
