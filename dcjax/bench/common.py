@@ -301,6 +301,22 @@ def warn_above_ideal(rows: Iterable[tuple[str, float, float | None]]) -> list[st
     return notes
 
 
+def warn_records_above_ideal(
+    records: Iterable[dict[str, Any]], label: Callable[[dict[str, Any]], str] | None = None
+) -> list[str]:
+    """`warn_above_ideal` over the harness's records (`dcjax.eval.metrics`),
+    labelled by ``label(record)`` (the method's name without it). The
+    baselines are left out: their ideal is 1 by definition, and the plain
+    model may well be faster than dcjax's dense lowering."""
+    from dcjax.eval.metrics import BASELINES
+
+    return warn_above_ideal(
+        (label(r) if label else r["method"], r["speedup_vs_dense"], r["ideal_speedup"])
+        for r in records
+        if r["method"] not in BASELINES
+    )
+
+
 def input_size(args: argparse.Namespace, path: str) -> tuple[int, int] | None:
     """The frame size (H, W) a command runs at, as its ``--size`` and
     ``--native`` say: the size given, the video at ``path``'s own, or None

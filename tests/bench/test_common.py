@@ -11,3 +11,15 @@ def test_only_speedups_above_their_ideal_are_warned_on_stderr(capsys):
     err = capsys.readouterr().err.splitlines()
     assert len(notes) == 1 and "a ran 1.62x" in notes[0] and "ideal 1.55x" in notes[0]
     assert err == [f"dcjax: {notes[0]}"]
+
+
+def test_the_baselines_records_are_not_warned_about(capsys):
+    records = [
+        {"model": "m", "method": "plain", "speedup_vs_dense": 1.3, "ideal_speedup": 1.0},
+        {"model": "m", "method": "nocache", "speedup_vs_dense": 1.0, "ideal_speedup": 1.0},
+        {"model": "m", "method": "deepcache", "speedup_vs_dense": 2.1, "ideal_speedup": 2.0},
+        {"model": "m", "method": "mil", "speedup_vs_dense": 1.9, "ideal_speedup": 2.0},
+    ]
+    notes = common.warn_records_above_ideal(records, lambda r: f"{r['model']} {r['method']}")
+    assert len(notes) == 1 and "m deepcache ran 2.10x" in notes[0]
+    assert capsys.readouterr().err.count("dcjax: warning:") == 1
