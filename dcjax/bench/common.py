@@ -302,16 +302,17 @@ def warn_above_ideal(rows: Iterable[tuple[str, float, float | None]]) -> list[st
 
 
 def warn_records_above_ideal(
-    records: Iterable[dict[str, Any]], label: Callable[[dict[str, Any]], str] | None = None
+    records: Iterable[dict[str, Any]],
+    label: Callable[[dict[str, Any]], str] = lambda r: r["method"],
 ) -> list[str]:
     """`warn_above_ideal` over the harness's records (`dcjax.eval.metrics`),
-    labelled by ``label(record)`` (the method's name without it). The
+    labelled by ``label(record)`` (the method's name by default). The
     baselines are left out: their ideal is 1 by definition, and the plain
     model may well be faster than dcjax's dense lowering."""
     from dcjax.eval.metrics import BASELINES
 
     return warn_above_ideal(
-        (label(r) if label else r["method"], r["speedup_vs_dense"], r["ideal_speedup"])
+        (label(r), r["speedup_vs_dense"], r["ideal_speedup"])
         for r in records
         if r["method"] not in BASELINES
     )

@@ -1,6 +1,7 @@
 """`dcjax.eval.interleaving`: the warm-up's calls, the per-frame orders and the timed step."""
 
 import itertools
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -71,8 +72,6 @@ class _Slow:
         self.delay, self.waited = delay, False
 
     def block_until_ready(self):
-        import time
-
         time.sleep(self.delay)
         self.waited = True
         return self
