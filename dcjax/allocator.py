@@ -11,7 +11,10 @@ only ever raises the pad: a call with less than an earlier one changes
 nothing. `run_on_calling_thread()` turns JAX's asynchronous CPU dispatch off,
 so that an executable runs on the thread that calls it; JAX reads the setting
 when it makes its CPU client, so it returns False (and changes nothing) once
-the process has run a computation. `configured_pad()` is the amount the
+the process has run a computation. `reserve(nbytes)` faults ``nbytes`` of
+heap in once, where `keep_freed_memory` took effect, so that the heap's later
+growth lands on pages already in memory. `page_faults()` counts the
+process's minor page faults so far. `configured_pad()` is the amount the
 ``dcjax`` command uses: `DEFAULT_TOP_PAD`, or the
 ``DCJAX_MALLOC_TOP_PAD`` environment variable in bytes (0: leave the
 allocator and the dispatch alone); `setting()` names what this process set.
@@ -33,6 +36,15 @@ runs executables on a worker thread, hence `run_on_calling_thread`. The
 settings are process-wide, so the library leaves them to its caller: the
 ``dcjax`` command makes both on start, a program that embeds dcjax may call
 them itself.
+
+A process that interleaves several programs (a benchmark) fragments its heap:
+the largest temporary block (132 MB for the dense step of eight ResNet-50
+streams at 224x224) at times finds no hole large enough, and the heap grows
+by that much, zero-filled pages faulted in during one call (33,735 faults,
+about 0.3 s, on four of sixteen timed calls). `reserve` makes that growth
+fault-free by faulting the pages in beforehand; `dcjax.eval.interleaving`
+calls it at the end of each warm-up (docs/performance-notes.md, "The heap's
+growth is faulted in before the timed frames").
 """
 
 from __future__ import annotations
@@ -49,8 +61,11 @@ __all__ = [
     "DEFAULT_TOP_PAD",
     "KEEP_LIMIT",
     "PAD_ENV",
+    "RESERVE",
     "configured_pad",
     "keep_freed_memory",
+    "page_faults",
+    "reserve",
     "run_on_calling_thread",
     "setting",
 ]
@@ -67,13 +82,18 @@ DEFAULT_TOP_PAD = 256 << 20
 #: and faulted in again on every call (docs/performance-notes.md).
 KEEP_LIMIT = 2**31 - 1
 
+#: Heap memory `reserve` faults in by default (bytes): more than the heap of a
+#: streams benchmark grew by after its warm-up (823 MB for eight ResNet-50
+#: streams at 224x224, five methods interleaved; docs/performance-notes.md).
+RESERVE = 1 << 30
+
 #: Environment variable overriding `DEFAULT_TOP_PAD` for the command (bytes; 0: off).
 PAD_ENV = "DCJAX_MALLOC_TOP_PAD"
 
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers
 _M_TOP_PAD = -2
 _M_MMAP_MAX = -4
-_set = {"pad": 0, "heap_only": False, "sync": False}
+_set = {"pad": 0, "heap_only": False, "sync": False, "reserved": 0}
 
 
 @functools.cache
@@ -82,10 +102,18 @@ def _libc():
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.mallopt
+        return _glibc().mallopt
     except (OSError, AttributeError):
         return None
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    return libc
 
 
 def keep_freed_memory(nbytes: int = DEFAULT_TOP_PAD) -> bool:
@@ -106,6 +134,45 @@ def keep_freed_memory(nbytes: int = DEFAULT_TOP_PAD) -> bool:
         return False
     _set["pad"] = nbytes
     return True
+
+
+def reserve(nbytes: int = RESERVE) -> bool:
+    """Fault ``nbytes`` of heap memory in at the heap's top and free it, so that
+    the heap can grow by that much later without a page fault (module
+    docstring). Only where `keep_freed_memory` took effect, which keeps the
+    freed block: False elsewhere, and nothing is touched. Once per process: a
+    call for no more than an earlier one changes nothing (True).
+
+    Raises:
+        ValueError: ``nbytes`` negative, or so large that the heap's top would
+            pass `KEEP_LIMIT` with the pad, and be trimmed.
+    """
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"dcjax: a reserve must be a number of bytes >= 0, got {nbytes!r}")
+    if nbytes + _set["pad"] >= KEEP_LIMIT:
+        raise ValueError(
+            f"dcjax: a reserve of {nbytes} bytes and the pad of {_set['pad']} pass the "
+            f"trim limit of {KEEP_LIMIT}: ask for less"
+        )
+    if not _set["heap_only"]:
+        return False
+    if nbytes <= _set["reserved"]:
+        return True
+    libc = _glibc()
+    block = libc.malloc(nbytes)
+    if not block:
+        return False
+    ctypes.memset(block, 0, nbytes)  # each page written: faulted in
+    libc.free(block)
+    _set["reserved"] = nbytes
+    return True
+
+
+def page_faults() -> int:
+    """The minor page faults of this process so far (``getrusage``)."""
+    import resource  # Unix only
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def run_on_calling_thread() -> bool:

@@ -102,6 +102,53 @@ def test_the_command_keeps_temporaries_larger_than_a_thread_heap():
     assert command[4] < 1_000 and sum(command) < sum(without) / 3, (command, without)
 
 
+# Blocks of 32 MB allocated, written and freed in turn while one of them stays
+# live, so that the heap grows by a block each round (what a fragmented heap
+# does in a benchmark); prints the page faults of those rounds, and whether a
+# reserve of 256 MB took effect first.
+_GROWTH = """
+import ctypes, resource, sys
+from dcjax import allocator
+if sys.argv[1] != "default":
+    assert allocator.keep_freed_memory(16 << 20)
+took = allocator.reserve(256 << 20) if sys.argv[1] != "pad" else None
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+kept = []
+for i in range(6):
+    block = libc.malloc(32 << 20)
+    ctypes.memset(block, 1, 32 << 20)
+    kept.append(block)
+print(took, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@glibc
+def test_a_reserve_faults_the_heaps_growth_in_beforehand():
+    def run(mode):
+        proc = subprocess.run([sys.executable, "-c", _GROWTH, mode], capture_output=True,
+                              text=True, timeout=120, check=True)  # fmt: skip
+        took, faults = proc.stdout.split()[-2:]
+        return took, int(faults)
+
+    assert run("default")[0] == "False"  # nothing kept: no reserve
+    _, without = run("pad")
+    took, with_reserve = run("reserve")
+    assert without > 40_000, without  # 192 MB grown: 49,152 pages of 4 KB
+    assert took == "True" and with_reserve < without / 20, (with_reserve, without)
+
+
+@glibc
+def test_bad_reserves_are_errors():
+    with pytest.raises(ValueError, match="number of bytes"):
+        allocator.reserve(-1)
+    with pytest.raises(ValueError, match="trim limit"):
+        allocator.reserve(allocator.KEEP_LIMIT)
+
+
 def test_the_dispatch_setting_takes_effect_only_before_the_backends():
     """JAX reads it when it makes its CPU client: in a fresh process it takes
     effect, in one that has computed it does not (and says so)."""

@@ -22,7 +22,8 @@ calls every one once more, untimed (`dcjax.eval.interleaving`):
 Per method and N the records give ``mean_ms`` (the mean time of a step over
 N: a frame's cost), ``throughput_fps`` (frames of all streams a second),
 ``p99_ms``, ``max_ms`` and ``step_mean_ms`` (a step's latency, which every
-frame of the batch waits for), ``step_ms`` (each timed step's milliseconds in
+frame of the batch waits for), ``page_faults`` (a step's mean minor page
+faults), ``step_ms`` (each timed step's milliseconds in
 the clip's order, so that a slow step can be placed), ``speedup_vs_plain``
 and ``speedup_vs_dense`` (ratios of mean times against the baselines at the
 same N), and for the cached methods
@@ -170,6 +171,7 @@ def run(
     for n in streams:
         clips = jnp.asarray(stream_clips(frames, n, length, offset))
         times: dict[str, list[float]] = {m: [] for m in METHODS}
+        faults: dict[str, list[int]] = {m: [] for m in METHODS}
         outs: dict[str, list[np.ndarray]] = {m: [] for m in METHODS}
         interleaving.warm_up(
             {m: (functools.partial(init, n), step) for m, (init, step) in runners.items()}, clips
@@ -177,10 +179,10 @@ def run(
         states = {m: init(n) for m, (init, _) in runners.items()}
         for t in progress(range(length), desc=f"{n} streams", unit="frame", quiet=quiet):
             for m in next(orders):
-                seconds, (out, states[m], _) = interleaving.timed_step(
-                    runners[m][1], states[m], clips[t]
-                )
-                times[m].append(seconds)
+                timed = interleaving.timed_step(runners[m][1], states[m], clips[t])
+                out, states[m], _ = timed.result
+                times[m].append(timed.seconds)
+                faults[m].append(timed.faults)
                 outs[m].append(np.asarray(jax.tree_util.tree_leaves(out)[0]))
         mean = {m: 1e3 * float(np.mean(v)) / n for m, v in times.items()}
         ratio = stats["flops_ratio"][:, :n]
@@ -194,6 +196,7 @@ def run(
                 "step_ms": [round(float(v), 3) for v in step_ms],
                 "speedup_vs_plain": mean["plain"] / mean[m],
                 "speedup_vs_dense": mean["dense"] / mean[m],
+                "page_faults": float(np.mean(faults[m])),
             }  # fmt: skip
             if m.startswith("deepcache"):
                 rec.update(

@@ -160,7 +160,9 @@ def _static_frame_ms(runner: Runner, state: Any, frame: jax.Array, repeats: int 
     but every frame of a method that recomputes every frame)."""
     times = []
     for _ in range(repeats):
-        seconds, (_, state, info) = interleaving.timed_step(runner.step, state, frame)
+        timed = interleaving.timed_step(runner.step, state, frame)
+        _, state, info = timed.result
+        seconds = timed.seconds
         if not bool(np.asarray(info["refreshed"])) or runner.method in BASELINES:
             times.append(seconds * 1e3)
     return float(np.mean(times)) if times else None
@@ -255,6 +257,7 @@ def evaluate(
 
     states = {v: r.init() for v, r in runners.items()}
     times = {v: [] for v in runners}
+    faults: dict[str, list[int]] = {v: [] for v in runners}
     outs: dict[str, list] = {v: [] for v in runners}
     infos: dict[str, list] = {v: [] for v in runners}
     iterator: Iterable = dev_frames
@@ -266,9 +269,10 @@ def evaluate(
     orders = interleaving.frame_orders(list(runners), len(dev_frames))
     for f, order in zip(iterator, orders, strict=True):
         for variant in order:
-            seconds, result = interleaving.timed_step(runners[variant].step, states[variant], f)
-            times[variant].append(seconds * 1e3)
-            out, states[variant], info = result
+            timed = interleaving.timed_step(runners[variant].step, states[variant], f)
+            times[variant].append(timed.seconds * 1e3)
+            faults[variant].append(timed.faults)
+            out, states[variant], info = timed.result
             outs[variant].append(out)
             infos[variant].append(info)
 
@@ -307,6 +311,7 @@ def evaluate(
                 static_frame_ms=static_ms[variant],
                 backend=backend,
                 detection=None if detection is None else detection[variant],
+                page_faults=faults[variant],
             )
         )
     return Evaluation(

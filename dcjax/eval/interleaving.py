@@ -9,11 +9,17 @@ follows the same rules (docs/performance-notes.md):
   from a fresh state on the first frame. A method's first call after the
   others have compiled and warmed up is slow (performance-notes, "The command
   maps no blocks and runs executables on the calling thread", its streams
-  paragraphs); this round keeps that call out of the timed frames.
+  paragraphs); this round keeps that call out of the timed frames. Last, the
+  heap's later growth is faulted in (`dcjax.allocator.reserve`, where the
+  process keeps freed memory): interleaved programs fragment the heap, and
+  the largest temporary block otherwise grows it on a few timed calls, at
+  the cost of faulting its pages in (performance-notes, "The heap's growth is
+  faulted in before the timed frames").
 - `frame_orders`: the methods of each frame run in an order drawn afresh
   (seeded), so that no method always runs right after the same one.
 - `timed_step`: a timed call waits for everything the step returns (output,
-  state and info), so no work of one method spills into the next one's time.
+  state and info), so no work of one method spills into the next one's time,
+  and counts the page faults it took, which the records carry.
 
 A method here is a pair ``(init, step)``: ``init()`` makes a fresh state,
 ``step(state, frame)`` returns a tuple whose first two items are the output
@@ -24,14 +30,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
+from dcjax import allocator
+
 Method = tuple[Callable[[], Any], Callable[[Any, Any], tuple]]
 
-__all__ = ["Method", "frame_orders", "timed_step", "warm_up"]
+__all__ = ["Method", "Timed", "frame_orders", "timed_step", "warm_up"]
 
 
 def warm_up(
@@ -70,19 +78,31 @@ def warm_up(
         t0 = time.perf_counter()
         state = init()
         for f in frames[:steps]:
-            state = timed_step(step, state, f)[1][1]
+            state = timed_step(step, state, f).result[1]
         seconds[name] = time.perf_counter() - t0
     for init, step in methods.values():  # the round: every method once more, from afresh
         timed_step(step, init(), frames[0])
+    allocator.reserve()
     return seconds
 
 
-def timed_step(step: Callable[[Any, Any], tuple], state: Any, frame: Any) -> tuple[float, tuple]:
-    """``(seconds, result)`` of ``result = step(state, frame)``, timed until every
-    array in ``result`` is ready (``jax.block_until_ready``)."""
+class Timed(NamedTuple):
+    """One timed call: its seconds, the page faults it took, what it returned."""
+
+    seconds: float
+    faults: int
+    result: tuple
+
+
+def timed_step(step: Callable[[Any, Any], tuple], state: Any, frame: Any) -> Timed:
+    """``step(state, frame)`` timed until every array it returns is ready
+    (``jax.block_until_ready``), with the minor page faults the process took
+    meanwhile."""
+    faults = allocator.page_faults()
     t0 = time.perf_counter()
     result = jax.block_until_ready(step(state, frame))
-    return time.perf_counter() - t0, result
+    seconds = time.perf_counter() - t0
+    return Timed(seconds, allocator.page_faults() - faults, result)
 
 
 def frame_orders(names: Sequence[str], count: int, *, seed: int = 0) -> Iterator[list[str]]:

@@ -31,6 +31,11 @@ report rely on it). The definitions:
   time of the frames recomputed in full and of the others;
   ``static_frame_ms``, the mean time of a frame identical to the previous one
   (everything reusable: the fixed cost of matching and caching).
+- ``page_faults``: the mean minor page faults of a timed frame
+  (`dcjax.eval.interleaving.timed_step`; ``None`` where not counted). Each
+  fault costs microseconds; a method whose frames fault thousands of pages is
+  timed with its memory's first touch (docs/performance-notes.md, "The
+  heap's growth is faulted in before the timed frames").
 - ``top1_agreement``: fraction of frames whose arg-max class equals the
   no-cache output's; ``top5_agreement``: fraction whose no-cache top-1 class is
   among the method's top five. ``None`` for outputs that are not class scores
@@ -115,6 +120,7 @@ RECORD_KEYS = (
     "output_mse",
     "output_rel_mse",
     "match_ratio",
+    "page_faults",
     "refreshes",
     "band_refreshes",
     "guarded_fraction",
@@ -282,6 +288,7 @@ def make_record(
     backend: str = "cpu",
     timing: str = "interleaved",
     detection: Mapping[str, Any] | None = None,
+    page_faults: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Build one metrics record (see the module docstring for the definitions).
 
@@ -306,6 +313,7 @@ def make_record(
         timing: how methods were timed (``interleaved``: every method steps on a
             frame before the next frame).
         detection: a detector's `DETECTION_KEYS`, added to the record.
+        page_faults: the minor page faults of each timed frame, if counted.
     """
     lat = latency_stats(latencies_ms)
     dense_ms = latency_stats(dense_latencies_ms)["mean_ms"]
@@ -368,6 +376,7 @@ def make_record(
         "refresh_frame_ms": _mean_or_none(np.asarray(latencies_ms)[refreshed]),
         "other_frame_ms": _mean_or_none(np.asarray(latencies_ms)[~refreshed]),
         "static_frame_ms": None if static_frame_ms is None else float(static_frame_ms),
+        "page_faults": None if page_faults is None else float(np.mean(page_faults)),
         "backend": backend,
         "timing": timing,
         **({} if detection is None else {k: detection[k] for k in DETECTION_KEYS}),

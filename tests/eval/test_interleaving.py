@@ -1,6 +1,8 @@
 """`dcjax.eval.interleaving`: the warm-up's calls, the per-frame orders and the timed step."""
 
 import itertools
+import mmap
+import platform
 import time
 
 import jax.numpy as jnp
@@ -86,8 +88,33 @@ def test_a_timed_step_waits_for_every_item_it_returns(where):
         items[where] = {"slow": slow}
         return tuple(items)
 
-    seconds, result = interleaving.timed_step(step, jnp.int32(4), jnp.int32(9))
+    seconds, _, result = interleaving.timed_step(step, jnp.int32(4), jnp.int32(9))
     assert slow.waited and seconds >= 0.05
     assert result[where] == {"slow": slow}
     if where != 0:
         assert int(result[0]) == 10
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="page faults counted by getrusage")
+def test_a_timed_step_counts_the_page_faults_of_its_call():
+    """A step that writes 16 MB of fresh anonymous memory faults its 4,096 pages in."""
+    size = 16 << 20
+
+    def step(state, frame):
+        block = mmap.mmap(-1, size)
+        for offset in range(0, size, mmap.PAGESIZE):
+            block[offset] = 1
+        block.close()
+        return frame, state
+
+    timed = interleaving.timed_step(step, jnp.int32(0), jnp.int32(1))
+    assert timed.faults >= size // mmap.PAGESIZE, timed.faults
+    assert timed.seconds > 0 and int(timed.result[0]) == 1
+
+
+def test_the_warm_up_reserves_heap_after_its_calls(monkeypatch):
+    log = []
+    monkeypatch.setattr(interleaving.allocator, "reserve", lambda: log.append("reserve"))
+    interleaving.warm_up({"a": _method("a", log)}, [jnp.int32(3)], steps=1)
+    assert log[-1] == "reserve" and log.count("reserve") == 1
+    assert ("a", 0, 3) in log[:-1]  # the method ran before it
