@@ -11,9 +11,9 @@ only ever raises the pad: a call with less than an earlier one changes
 nothing. `run_on_calling_thread()` turns JAX's asynchronous CPU dispatch off,
 so that an executable runs on the thread that calls it; JAX reads the setting
 when it makes its CPU client, so it returns False (and changes nothing) once
-the process has run a computation. `reserve(nbytes)` faults ``nbytes`` of
-heap in once, where `keep_freed_memory` took effect, so that the heap's later
-growth lands on pages already in memory. `page_faults()` counts the
+the process has run a computation. `reserve(nbytes)` keeps ``nbytes`` of
+free heap in one piece with its pages in memory, where `keep_freed_memory`
+took effect, so that the heap's later growth lands on pages already there. `page_faults()` counts the
 process's minor page faults so far. `configured_pad()` is the amount the
 ``dcjax`` command uses: `DEFAULT_TOP_PAD`, or the
 ``DCJAX_MALLOC_TOP_PAD`` environment variable in bytes (0: leave the
@@ -93,7 +93,7 @@ PAD_ENV = "DCJAX_MALLOC_TOP_PAD"
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers
 _M_TOP_PAD = -2
 _M_MMAP_MAX = -4
-_set = {"pad": 0, "heap_only": False, "sync": False, "reserved": 0}
+_set = {"pad": 0, "heap_only": False, "sync": False}
 
 
 @functools.cache
@@ -137,11 +137,14 @@ def keep_freed_memory(nbytes: int = DEFAULT_TOP_PAD) -> bool:
 
 
 def reserve(nbytes: int = RESERVE) -> bool:
-    """Fault ``nbytes`` of heap memory in at the heap's top and free it, so that
-    the heap can grow by that much later without a page fault (module
-    docstring). Only where `keep_freed_memory` took effect, which keeps the
-    freed block: False elsewhere, and nothing is touched. Once per process: a
-    call for no more than an earlier one changes nothing (True).
+    """Allocate ``nbytes`` of heap in one block, write it and free it, so that
+    the heap holds that much free memory in one piece with its pages in memory
+    (module docstring): a block that later finds no other hole lands there
+    without a page fault. Only where `keep_freed_memory` took effect, which
+    keeps the freed block: False elsewhere, and nothing is touched. Each call
+    writes the whole block again (a memory pass where its pages are in
+    already), so a process that grew its heap since faults in a fresh
+    reserve.
 
     Raises:
         ValueError: ``nbytes`` negative, or so large that the heap's top would
@@ -156,15 +159,12 @@ def reserve(nbytes: int = RESERVE) -> bool:
         )
     if not _set["heap_only"]:
         return False
-    if nbytes <= _set["reserved"]:
-        return True
     libc = _glibc()
     block = libc.malloc(nbytes)
     if not block:
         return False
     ctypes.memset(block, 0, nbytes)  # each page written: faulted in
     libc.free(block)
-    _set["reserved"] = nbytes
     return True
 
 
