@@ -13,8 +13,9 @@ so that an executable runs on the thread that calls it; JAX reads the setting
 when it makes its CPU client, so it returns False (and changes nothing) once
 the process has run a computation. `reserve(nbytes)` keeps ``nbytes`` of
 free heap in one piece with its pages in memory, where `keep_freed_memory`
-took effect, so that the heap's later growth lands on pages already there. `page_faults()` counts the
-process's minor page faults so far. `configured_pad()` is the amount the
+took effect, so that the heap's later growth lands on pages already there.
+`page_faults()` counts the process's minor page faults so far.
+`configured_pad()` is the amount the
 ``dcjax`` command uses: `DEFAULT_TOP_PAD`, or the
 ``DCJAX_MALLOC_TOP_PAD`` environment variable in bytes (0: leave the
 allocator and the dispatch alone); `setting()` names what this process set.
@@ -38,13 +39,12 @@ settings are process-wide, so the library leaves them to its caller: the
 them itself.
 
 A process that interleaves several programs (a benchmark) fragments its heap:
-the largest temporary block (132 MB for the dense step of eight ResNet-50
-streams at 224x224) at times finds no hole large enough, and the heap grows
-by that much, zero-filled pages faulted in during one call (33,735 faults,
-about 0.3 s, on four of sixteen timed calls). `reserve` makes that growth
-fault-free by faulting the pages in beforehand; `dcjax.eval.interleaving`
-calls it at the end of each warm-up (docs/performance-notes.md, "The heap's
-growth is faulted in before the timed frames").
+the largest temporary block (a batched dense step's) at times finds no hole
+large enough, and the heap grows by that much, its zero-filled pages faulted
+in during that call. `reserve` makes that growth fault-free by faulting the
+pages in beforehand; `dcjax.eval.interleaving` calls it at the end of each
+warm-up (docs/performance-notes.md, "The heap's growth is faulted in before
+the timed frames").
 """
 
 from __future__ import annotations

@@ -160,9 +160,7 @@ def _static_frame_ms(runner: Runner, state: Any, frame: jax.Array, repeats: int 
     but every frame of a method that recomputes every frame)."""
     times = []
     for _ in range(repeats):
-        timed = interleaving.timed_step(runner.step, state, frame)
-        _, state, info = timed.result
-        seconds = timed.seconds
+        seconds, _, (_, state, info) = interleaving.timed_step(runner.step, state, frame)
         if not bool(np.asarray(info["refreshed"])) or runner.method in BASELINES:
             times.append(seconds * 1e3)
     return float(np.mean(times)) if times else None
