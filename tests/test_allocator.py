@@ -102,10 +102,10 @@ def test_the_command_keeps_temporaries_larger_than_a_thread_heap():
     assert command[4] < 1_000 and sum(command) < sum(without) / 3, (command, without)
 
 
-# Blocks of 32 MB allocated, written and freed in turn while one of them stays
-# live, so that the heap grows by a block each round (what a fragmented heap
-# does in a benchmark); prints the page faults of those rounds, and whether a
-# reserve of 256 MB took effect first.
+# Six blocks of 32 MB allocated, written and kept, so that the heap grows by
+# each (what it does where a fragmented heap has no hole for a block); prints
+# whether a reserve of 256 MB took effect first, and the page faults of the
+# six blocks.
 _GROWTH = """
 import ctypes, resource, sys
 from dcjax import allocator

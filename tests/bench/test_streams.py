@@ -42,6 +42,7 @@ def test_records_per_method_and_number_of_streams(tmp_path, capsys):
         assert len(r["step_ms"]) == 4 and min(r["step_ms"]) > 0
         assert np.mean(r["step_ms"]) == pytest.approx(r["step_mean_ms"], rel=1e-3)
         assert max(r["step_ms"]) == pytest.approx(r["max_ms"], rel=1e-3, abs=1e-3)
+        assert r["page_faults"] >= 0  # counted for every method
         # a frame's cost is the step's time over the streams that share it
         assert r["step_mean_ms"] == pytest.approx(r["mean_ms"] * r["streams"])
         same_n = {q["method"]: q for q in records if q["streams"] == r["streams"]}

@@ -54,6 +54,8 @@ def test_record_values():
     assert r["ideal_speedup"] == pytest.approx(1.0 / 0.5)
     assert r["efficiency"] == pytest.approx((5.0 / 3.5) / 2.0)
     assert r["still_fraction"] == 0.25
+    assert r["page_faults"] is None  # not counted
+    assert _record(page_faults=[0, 10, 2, 0])["page_faults"] == 3.0  # mean a frame
     assert r["refresh_frame_ms"] == 4.0 and r["other_frame_ms"] == pytest.approx(10 / 3)
     assert r["top1_agreement"] == 0.75
     assert r["top5_agreement"] == 1.0  # three classes: everything is in the top five
