@@ -116,10 +116,14 @@ def _glibc() -> ctypes.CDLL:
     return libc
 
 
+def _check_bytes(what: str, nbytes: object) -> None:
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"dcjax: {what} must be a number of bytes >= 0, got {nbytes!r}")
+
+
 def keep_freed_memory(nbytes: int = DEFAULT_TOP_PAD) -> bool:
     """Keep freed heap memory for reuse, ``nbytes`` of it when trimming (module docstring)."""
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-        raise ValueError(f"dcjax: the pad must be a number of bytes >= 0, got {nbytes!r}")
+    _check_bytes("the pad", nbytes)
     mallopt = _libc()
     if mallopt is None:
         return False
@@ -150,8 +154,7 @@ def reserve(nbytes: int = RESERVE) -> bool:
         ValueError: ``nbytes`` negative, or so large that the heap's top would
             pass `KEEP_LIMIT` with the pad, and be trimmed.
     """
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-        raise ValueError(f"dcjax: a reserve must be a number of bytes >= 0, got {nbytes!r}")
+    _check_bytes("a reserve", nbytes)
     if nbytes + _set["pad"] >= KEEP_LIMIT:
         raise ValueError(
             f"dcjax: a reserve of {nbytes} bytes and the pad of {_set['pad']} pass the "
