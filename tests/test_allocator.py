@@ -24,17 +24,14 @@ import ctypes, resource, sys, threading
 from dcjax import allocator
 if sys.argv[1] == "pad":
     assert allocator.keep_freed_memory(256 << 20)
-libc = ctypes.CDLL("libc.so.6")
-libc.malloc.restype = ctypes.c_void_p
-libc.free.argtypes = [ctypes.c_void_p]
-libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+libc = allocator._glibc()  # malloc and free declared
 faults = []
 def work():
     for i in range(10):
         before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         blocks = [libc.malloc(6 << 20) for _ in range(8)]
         for b in blocks:
-            libc.memset(b, 1, 6 << 20)
+            ctypes.memset(b, 1, 6 << 20)
         for b in blocks:
             libc.free(b)
         if i:
@@ -112,10 +109,7 @@ from dcjax import allocator
 if sys.argv[1] != "default":
     assert allocator.keep_freed_memory(16 << 20)
 took = allocator.reserve(256 << 20) if sys.argv[1] != "pad" else None
-libc = ctypes.CDLL("libc.so.6")
-libc.malloc.restype = ctypes.c_void_p
-libc.malloc.argtypes = [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
+libc = allocator._glibc()  # malloc and free declared
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 kept = []
 for i in range(6):

@@ -14,7 +14,10 @@
   line on stderr).
 - Output: `table` (rows of cells as aligned text), `write_json`, `machine` (the
   machine and JAX a result was measured on), `progress` (a progress bar).
-- Timing: `time_interleaved`, the median and minimum of interleaved calls.
+- Timing: `time_interleaved`, the median and minimum of interleaved calls;
+  the warnings printed beside a table of records (`warn_records`: a speedup
+  above its ideal, `warn_above_ideal`; a method timed with fresh memory's
+  page faults, `warn_page_faults`).
 
 Everything that imports JAX, a model or a video does so when called, so that
 ``dcjax --help`` and argument errors stay quick.
@@ -65,6 +68,9 @@ __all__ = [
     "progress",
     "table",
     "time_interleaved",
+    "warn_above_ideal",
+    "warn_page_faults",
+    "warn_records",
     "warn_truncated",
     "width",
     "write_json",
@@ -289,33 +295,48 @@ def warn_truncated(error: Exception, kept: int) -> None:
           file=sys.stderr, flush=True)  # fmt: skip
 
 
+def _printed(notes: Iterable[str | None]) -> list[str]:
+    """The notes that are not None, each printed on stderr."""
+    notes = [n for n in notes if n is not None]
+    for note in notes:
+        print(f"dcjax: {note}", file=sys.stderr, flush=True)
+    return notes
+
+
 def warn_above_ideal(rows: Iterable[tuple[str, float, float | None]]) -> list[str]:
     """For each ``(label, speedup_vs_dense, ideal)`` whose speedup is above its
     ideal, `dcjax.eval.metrics.above_ideal`'s warning, printed on stderr;
     returns the warnings."""
     from dcjax.eval.metrics import above_ideal
 
-    notes = [n for n in (above_ideal(*row) for row in rows) if n is not None]
-    for note in notes:
-        print(f"dcjax: {note}", file=sys.stderr, flush=True)
-    return notes
+    return _printed(above_ideal(*row) for row in rows)
 
 
-def warn_records_above_ideal(
-    records: Iterable[dict[str, Any]],
+def warn_page_faults(rows: Iterable[tuple[str, float | None]]) -> list[str]:
+    """For each ``(label, page_faults)`` above `dcjax.eval.metrics.FAULTS_WARNED`,
+    `dcjax.eval.metrics.faulted`'s warning, printed on stderr; returns the
+    warnings."""
+    from dcjax.eval.metrics import faulted
+
+    return _printed(faulted(*row) for row in rows)
+
+
+def warn_records(
+    records: Sequence[dict[str, Any]],
     label: Callable[[dict[str, Any]], str] = lambda r: r["method"],
 ) -> list[str]:
-    """`warn_above_ideal` over the harness's records (`dcjax.eval.metrics`),
-    labelled by ``label(record)`` (the method's name by default). The
-    baselines are left out: their ideal is 1 by definition, and the plain
-    model may well be faster than dcjax's dense lowering."""
+    """`warn_above_ideal` and `warn_page_faults` over the harness's records
+    (`dcjax.eval.metrics`), labelled by ``label(record)`` (the method's name
+    by default). The baselines are left out of the first: their ideal is 1 by
+    definition, and the plain model may well be faster than dcjax's dense
+    lowering; their page faults are warned about like any method's."""
     from dcjax.eval.metrics import BASELINES
 
     return warn_above_ideal(
         (label(r), r["speedup_vs_dense"], r["ideal_speedup"])
         for r in records
         if r["method"] not in BASELINES
-    )
+    ) + warn_page_faults((label(r), r.get("page_faults")) for r in records)
 
 
 def input_size(args: argparse.Namespace, path: str) -> tuple[int, int] | None:

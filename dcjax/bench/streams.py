@@ -26,9 +26,9 @@ frame of the batch waits for), ``page_faults`` (a step's mean minor page
 faults), ``step_ms`` (each timed step's milliseconds in
 the clip's order, so that a slow step can be placed), ``speedup_vs_plain``
 and ``speedup_vs_dense`` (ratios of mean times against the baselines at the
-same N), and for the cached methods
-the ``ideal`` speedup (total FLOPs over the FLOPs the streams' frames
-computed, from an untimed pass with statistics over the same frames), the
+same N), and for the cached methods ``ideal_speedup`` (total FLOPs over the
+FLOPs the streams' frames computed, from an untimed pass with statistics
+over the same frames; the harness's key of the same name), the
 ``still_fraction`` (stream frames whose input was wholly reusable with no
 motion), the ``refresh_fraction``, the ``top1_agreement`` with the dense
 outputs and the ``plan`` the measured tuning chose, calibrated on the clip's
@@ -62,6 +62,7 @@ from dcjax.bench.common import (
     progress,
     table,
     warn_above_ideal,
+    warn_page_faults,
     width,
     write_json,
 )
@@ -200,7 +201,7 @@ def run(
             }  # fmt: skip
             if m.startswith("deepcache"):
                 rec.update(
-                    ideal=float(1.0 / max(ratio.mean(), 1e-9)),
+                    ideal_speedup=float(1.0 / max(ratio.mean(), 1e-9)),
                     still_fraction=float(stats["skipped"][:, :n].mean()),
                     refresh_fraction=float(stats["refreshed"][:, :n].mean()),
                     top1_agreement=_agreement(np.stack(outs[m]), np.stack(outs["dense"])),
@@ -213,7 +214,7 @@ def run(
 
 def _rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     def ideal(r):
-        return f"{r['ideal']:.2f}x" if "ideal" in r else "-"
+        return f"{r['ideal_speedup']:.2f}x" if "ideal_speedup" in r else "-"
 
     return [
         {
@@ -299,11 +300,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = run(spec, frames, streams=args.streams, length=args.frames, offset=args.offset,
                   quiet=args.no_progress)  # fmt: skip
     print(table(_rows(records)))
+
+    def label(r):
+        return f"{r['method']} at {r['streams']} streams"
+
     warn_above_ideal(
-        (f"{r['method']} at {r['streams']} streams", r["speedup_vs_dense"], r["ideal"])
+        (label(r), r["speedup_vs_dense"], r["ideal_speedup"])
         for r in records
-        if "ideal" in r
+        if "ideal_speedup" in r
     )
+    warn_page_faults((label(r), r["page_faults"]) for r in records)
     write_json(args.json, {"machine": machine(), "video": args.video, "records": records})
     print(f"records: {args.json}")
     if args.report:

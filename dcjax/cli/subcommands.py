@@ -179,7 +179,7 @@ def demo_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     rec = ev.records[1]
     print()
     print(common.table(_short_rows(ev.records)))
-    common.warn_records_above_ideal(ev.records)
+    common.warn_records(ev.records)
     print(f"\n{rec['frames']} frames. {COLUMNS_NOTE}")
     if rec["top1_stability"] is not None and spec.boxes is None:
         print(f"The uncached model's own top-1 stays the same from one frame to the next on "
@@ -268,7 +268,7 @@ def run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         ev = harness.evaluate(spec, frames, ["nocache", args.method], video_label=args.video,
                               progress=not args.no_progress)  # fmt: skip
     print(common.table(_short_rows(ev.records)))
-    common.warn_records_above_ideal(ev.records)
+    common.warn_records(ev.records)
     if args.json:
         common.write_json(args.json, ev.records)
         print(f"wrote {args.json}")

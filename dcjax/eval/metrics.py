@@ -83,11 +83,13 @@ import numpy as np
 __all__ = [
     "BASELINES",
     "DETECTION_KEYS",
+    "FAULTS_WARNED",
     "PLAIN_FORMS",
     "RECORD_KEYS",
     "above_ideal",
     "agreement",
     "check_record",
+    "faulted",
     "fidelity",
     "ideal_speedup",
     "stability",
@@ -233,6 +235,28 @@ def above_ideal(label: str, speedup: float, ideal: float | None) -> str | None:
     return (
         f"warning: {label} ran {speedup:.2f}x the dense step, above its ideal {ideal:.2f}x "
         "(the FLOPs it skipped): the dense step was slowed by something else; repeat the run"
+    )
+
+
+#: Mean minor page faults a timed call above which a record is warned about
+#: (`faulted`): 4 MiB of fresh pages, about 9 ms at the 9 us a fault measured
+#: on the 2-core EPYC VM (docs/performance-notes.md, "The heap's growth is
+#: faulted in before the timed frames"), a few per cent of the steps timed
+#: there; the warm-up's reserve leaves the cached and dense steps at 0-40.
+FAULTS_WARNED = 1024
+
+
+def faulted(label: str, page_faults: float | None) -> str | None:
+    """A one-line warning when ``page_faults`` (a record's mean minor page
+    faults a timed call) exceeds `FAULTS_WARNED`, else None: that method's
+    time includes the kernel zero-filling fresh memory, which a method reusing
+    its heap does not pay, so its speedups are skewed by it."""
+    if page_faults is None or not page_faults > FAULTS_WARNED:
+        return None
+    return (
+        f"warning: {label} faulted {page_faults:.0f} pages a timed call (fresh memory "
+        "zero-filled while timed): its time includes them; under the dcjax command's "
+        "memory settings (dcjax.allocator) its temporaries outgrew the heap's reserve"
     )
 
 

@@ -20,6 +20,25 @@ def test_the_baselines_records_are_not_warned_about(capsys):
         {"model": "m", "method": "deepcache", "speedup_vs_dense": 2.1, "ideal_speedup": 2.0},
         {"model": "m", "method": "mil", "speedup_vs_dense": 1.9, "ideal_speedup": 2.0},
     ]
-    notes = common.warn_records_above_ideal(records, lambda r: f"{r['model']} {r['method']}")
+    notes = common.warn_records(records, lambda r: f"{r['model']} {r['method']}")
     assert len(notes) == 1 and "m deepcache ran 2.10x" in notes[0]
     assert capsys.readouterr().err.count("dcjax: warning:") == 1
+
+
+def test_methods_timed_with_many_page_faults_are_warned_baselines_too(capsys):
+    from dcjax.eval.metrics import FAULTS_WARNED
+
+    records = [
+        {"method": "plain", "speedup_vs_dense": 0.1, "ideal_speedup": 1.0,
+         "page_faults": 41725.0},
+        {"method": "nocache", "speedup_vs_dense": 1.0, "ideal_speedup": 1.0,
+         "page_faults": float(FAULTS_WARNED)},
+        {"method": "deepcache", "speedup_vs_dense": 1.4, "ideal_speedup": 2.0,
+         "page_faults": None},
+    ]  # fmt: skip
+    notes = common.warn_records(records)
+    assert len(notes) == 1 and "plain faulted 41725 pages" in notes[0]
+    assert capsys.readouterr().err.count("dcjax: warning:") == 1
+    assert common.warn_page_faults([("a", FAULTS_WARNED + 1.0), ("b", 0.0)]) == [
+        notes[0].replace("plain", "a").replace("41725", str(FAULTS_WARNED + 1))
+    ]
