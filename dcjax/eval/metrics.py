@@ -254,9 +254,9 @@ def faulted(label: str, page_faults: float | None) -> str | None:
     if page_faults is None or not page_faults > FAULTS_WARNED:
         return None
     return (
-        f"warning: {label} faulted {page_faults:.0f} pages a timed call (fresh memory "
-        "zero-filled while timed): its time includes them; under the dcjax command's "
-        "memory settings (dcjax.allocator) its temporaries outgrew the heap's reserve"
+        f"warning: {label} faulted {page_faults:.0f} pages a timed call: its time includes "
+        "fresh memory zero-filled by the kernel (a heap grown past the warm-up's reserve, "
+        "or memory mapped outside the heap; dcjax.allocator)"
     )
 
 
