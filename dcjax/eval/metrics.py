@@ -241,7 +241,7 @@ def above_ideal(label: str, speedup: float, ideal: float | None) -> str | None:
 #: Mean minor page faults a timed call above which a record is warned about
 #: (`faulted`): 4 MiB of fresh pages, about 9 ms at the 9 us a fault measured
 #: on the 2-core EPYC VM (docs/performance-notes.md, "The heap's growth is
-#: faulted in before the timed frames"), a few per cent of the steps timed
+#: faulted in before the timed frames"), 7-20 % of the 45-130 ms steps timed
 #: there; the warm-up's reserve leaves the cached and dense steps at 0-40.
 FAULTS_WARNED = 1024
 
