@@ -127,6 +127,12 @@ def _dims(value_info: onnx.ValueInfoProto) -> list[int | None]:
     ]
 
 
+def _input_dtype(value_info: onnx.ValueInfoProto) -> np.dtype:
+    """The input's element type (float32 where the file leaves it unset)."""
+    elem = value_info.type.tensor_type.elem_type
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem)) if elem else np.dtype(np.float32)
+
+
 def _is_nchw(graph: onnx.GraphProto, name: str, dims: Sequence[int | None]) -> bool:
     """Whether the file's 4-D input ``name`` is NCHW (see the module docstring)."""
     consumers = [n for n in graph.node if name in n.input]
@@ -149,12 +155,15 @@ def from_onnx(
             most exports, the batch included), e.g. ``(1, 3, 576, 768)``. It
             fixes the file's dynamic dimensions and replaces the fixed ones
             (exporters often fix a dummy size; the model's ops decide whether
-            it runs). None: ``fn`` takes any shape with the file's channels.
+            it runs), and is checked at import: a shape some node cannot
+            take is an error naming that node. None: ``fn`` takes any shape
+            with the file's channels.
 
     Raises:
         FileNotFoundError: no file at ``path``.
         OnnxImportError: a file that is not ONNX, missing external data, an
-            unsupported op or attribute, several inputs, a bad ``input_shape``.
+            unsupported op or attribute, several inputs, a bad ``input_shape``
+            (one that does not fit the file's input, or that a node cannot take).
     """
     path = Path(path)
     model = read(path)
@@ -245,6 +254,8 @@ def from_onnx(
         out = [jnp.asarray(env[name].file()) for name in outputs]
         return out[0] if len(out) == 1 else tuple(out)
 
+    if input_shape is not None:  # a size a node cannot take fails here, not at the first frame
+        jax.eval_shape(fn, params, jax.ShapeDtypeStruct(expected, _input_dtype(inp)))
     fn.__name__ = fn.__qualname__ = f"onnx_{path.stem}"
     fn.input_name = inp.name  # type: ignore[attr-defined]
     fn.output_names = tuple(outputs)  # type: ignore[attr-defined]

@@ -86,7 +86,14 @@ def test_a_size_the_model_cannot_take_names_the_node(tmp_path):
     nodes = [N("Conv", ["x", "w"], ["c"]), N("Flatten", ["c"], ["f"]),
              N("MatMul", ["f", "m"], ["y"], name="fc")]  # fmt: skip
     path = save(tmp_path / "fc.onnx", nodes, {**W3, "m": rand(4 * 6 * 8, 5)})
-    fn, params = from_onnx(path, input_shape=(2, 3, 12, 12))
+    fn, params = from_onnx(path, input_shape=(2, 3, 8, 10))  # the size the weights fit
+    assert fn(params, np.zeros((2, 8, 10, 3), np.float32)).shape == (2, 5)
+    # another size fails at import, naming the node, not at the first frame
+    with pytest.raises(
+        OnnxImportError, match=r"fc\.onnx: node 'fc' \(MatMul\) fails .*check input_shape"
+    ):
+        from_onnx(path, input_shape=(2, 3, 12, 12))
+    fn, params = from_onnx(path)  # no size given: nothing to check until it runs
     with pytest.raises(OnnxImportError, match=r"node 'fc' \(MatMul\) fails .*check input_shape"):
         fn(params, np.zeros((2, 12, 12, 3), np.float32))
 
