@@ -325,17 +325,19 @@ def warn_records(
     records: Sequence[dict[str, Any]],
     label: Callable[[dict[str, Any]], str] = lambda r: r["method"],
 ) -> list[str]:
-    """`warn_above_ideal` and `warn_page_faults` over the harness's records
-    (`dcjax.eval.metrics`), labelled by ``label(record)`` (the method's name
-    by default). The baselines are left out of the first: their ideal is 1 by
-    definition, and the plain model may well be faster than dcjax's dense
-    lowering; their page faults are warned about like any method's."""
+    """`warn_above_ideal` and `warn_page_faults` over records of the harness
+    (`dcjax.eval.metrics`) or of ``dcjax bench streams``, labelled by
+    ``label(record)`` (the method's name by default). Records without an
+    ``ideal_speedup`` (the streams bench's baselines) and the harness's
+    baselines are left out of the first: their ideal is 1 by definition, and
+    the plain model may well be faster than dcjax's dense lowering; their
+    page faults are warned about like any method's."""
     from dcjax.eval.metrics import BASELINES
 
     return warn_above_ideal(
         (label(r), r["speedup_vs_dense"], r["ideal_speedup"])
         for r in records
-        if r["method"] not in BASELINES
+        if "ideal_speedup" in r and r["method"] not in BASELINES
     ) + warn_page_faults((label(r), r.get("page_faults")) for r in records)
 
 

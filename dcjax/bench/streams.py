@@ -61,8 +61,7 @@ from dcjax.bench.common import (
     program_parser,
     progress,
     table,
-    warn_above_ideal,
-    warn_page_faults,
+    warn_records,
     width,
     write_json,
 )
@@ -300,16 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = run(spec, frames, streams=args.streams, length=args.frames, offset=args.offset,
                   quiet=args.no_progress)  # fmt: skip
     print(table(_rows(records)))
-
-    def label(r):
-        return f"{r['method']} at {r['streams']} streams"
-
-    warn_above_ideal(
-        (label(r), r["speedup_vs_dense"], r["ideal_speedup"])
-        for r in records
-        if "ideal_speedup" in r
-    )
-    warn_page_faults((label(r), r["page_faults"]) for r in records)
+    warn_records(records, lambda r: f"{r['method']} at {r['streams']} streams")
     write_json(args.json, {"machine": machine(), "video": args.video, "records": records})
     print(f"records: {args.json}")
     if args.report:
