@@ -211,9 +211,11 @@ class Config:
             says), top band first, so that every input pixel is recomputed
             once a period without a frame that computes everything (a video
             codec's intra refresh). 1 (the default): the whole frame at once.
-            Scene cuts, bad frames and the first frame still refresh in full;
-            needs ``refresh_every`` of at least ``refresh_bands`` and no
-            refinement.
+            Every layer recomputes the positions over the band's rows, and
+            with ``refine`` their references restart there, as a full
+            refresh restarts them everywhere. Scene cuts, bad frames and the
+            first frame still refresh in full; needs ``refresh_every`` of at
+            least ``refresh_bands``.
         min_match: when fewer than this fraction of blocks match (scene cut,
             bad frame), the frame is recomputed in full.
         alignment: ``"exact"`` reuses a layer only when the motion divided by
@@ -399,11 +401,6 @@ class Config:
             f"Config.refresh_bands={self.refresh_bands} spreads the periodic refresh over "
             f"that many frames of a period: it needs refresh_every >= {self.refresh_bands}, "
             f"got {self.refresh_every!r}",
-        )
-        _check(
-            self.refresh_bands == 1 or self.refine is None,
-            "Config.refresh_bands > 1 cannot be combined with refinement (its references "
-            "restart on full refreshes only); use refresh_bands=1",
         )
         _check(
             0.0 <= self.min_match <= 1.0,

@@ -107,7 +107,7 @@ class CachePolicy(Policy):
     def reuse(self, layer, eqn, invals, mask, epilogue):
         lp, state = self._plan.layers[layer], self._state
         valid = state.layer_valid[layer]
-        mask = mask & self._ctx.unguarded(lp.layer.signature)
+        mask = mask & self._ctx.unforced(lp.layer.signature)
         if lp.keeps_cache and skipping_pays():
             # A conditional materialises the layer's mask once (the guard's
             # region included), where XLA:CPU would otherwise fuse the mask

@@ -229,13 +229,21 @@ class Step:
             r0 = lax.cond(refresh, lambda: jnp.zeros((h, w), bool), lambda: m.mask & inside)
         else:  # no predicate read on the host (`dcjax._loops.skipping_pays`)
             r0 = m.mask & inside & ~refresh
-        if cfg.refresh_bands > 1:
-            rows = jnp.arange(h)
-            start, stop = band * h // cfg.refresh_bands, (band + 1) * h // cfg.refresh_bands
-            r0 = r0 & ~((rows >= start) & (rows < stop))[:, None]
+        rows = None
+        if cfg.refresh_bands > 1:  # no band (-1): start == stop == 0
+            on = band >= 0
+            rows = tuple(
+                jnp.where(on, (band + k) * h // cfg.refresh_bands, 0).astype(jnp.int32)
+                for k in (0, 1)
+            )
+        ctx = FrameContext(
+            motion, cfg.alignment, cfg.guard, state.guard, self.guard_stride or 1, band=rows
+        )
+        frame_sig = Spatial(axes=(0, 1), size=(h, w), stride=(1, 1))
+        if rows is not None:
+            r0 = r0 & ~ctx.banded(frame_sig)
         still = jnp.all(r0) & jnp.all(motion == 0)  # before the guard: it makes no frame run
-        ctx = FrameContext(motion, cfg.alignment, cfg.guard, state.guard, self.guard_stride or 1)
-        unguarded = ctx.unguarded(Spatial(axes=(0, 1), size=(h, w), stride=(1, 1)))
+        unguarded = ctx.unguarded(frame_sig)
         r0 = r0 & unguarded
         if plan.skips_still and skip_still:
             p, skip = self._still_or_forward(leaves, state, x, r0, ctx, refresh, finite, still)

@@ -43,7 +43,6 @@ def test_the_band_of_each_frame_of_a_period():
         ({"refresh_bands": True}, "refresh_bands must be a positive int"),
         ({"refresh_bands": 2, "refresh_every": None}, "needs refresh_every >= 2"),
         ({"refresh_bands": 5, "refresh_every": 4}, "needs refresh_every >= 5"),
-        ({"refresh_bands": 2, "refine": dcjax.RefineConfig()}, "cannot be combined with refine"),
     ],
 )  # fmt: skip
 def test_bad_band_settings_are_errors(kwargs, message):
@@ -112,6 +111,52 @@ def test_banded_refreshes_under_motion_equal_the_model(model, motion=(2, -3)):
     assert [b[0] for b in bands][:5] != [b[1] for b in bands][:5]
 
 
+class Pointwise(nn.Module):
+    """1x1 convolutions: each output pixel reads its own input pixel alone."""
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Conv(4, (1, 1))(nn.relu(nn.Conv(8, (1, 1))(x)))
+
+
+@pytest.mark.parametrize("bands", [1, 3])
+def test_a_banded_refresh_restarts_refinements_references_band_by_band(bands):
+    """A change under refinement's threshold is reused frame after frame; the
+    periodic refresh is what brings it in. Spread over 3 bands of 8 rows, each
+    band frame brings in its own rows, at every layer: a pointwise network's
+    output equals the model's on the rows refreshed so far and keeps the stale
+    value on the others, until the period's last band."""
+    net = Pointwise()
+    variables = net.init(jax.random.key(1), jnp.zeros((1, *SHAPE)))
+    refine = dcjax.RefineConfig(delta=0.05, layers="all")
+    cfg = dcjax.Config(refresh_every=6, refresh_bands=bands, refine=refine, kernel="xla")
+    cached = dcjax.transform(net, variables, frame_shape=SHAPE, config=cfg)
+    base = np.random.default_rng(3).integers(0, 255, SHAPE).astype(np.uint8)
+    frames = [base] + [base + 1] * 6  # a brightening under the threshold, then still
+
+    def model(frame):
+        return np.asarray(net.apply(variables, jnp.asarray(frame, jnp.float32)[None] / 255.0))
+
+    stale, fresh = model(base), model(base + 1)
+    assert np.abs(fresh - stale).max() > 1e-3  # the change is there to miss
+    state = cached.init()
+    for t, frame in enumerate(frames):
+        out, state, info = cached.step(state, frame)
+        out = np.asarray(out)
+        if bands == 1:  # the whole refresh on frame 6
+            done = 0 if t < 6 else 24
+            assert bool(info["refreshed"]) == (t in (0, 6))
+        else:  # bands of rows 0-7, 8-15, 16-23 on frames 4, 5, 6
+            done = 0 if t < 4 else 8 * (t - 3)
+            assert int(info["refresh_band"]) == (t - 4 if t >= 4 else -1)
+            assert bool(info["refreshed"]) == (t == 0)
+        if t == 0:
+            np.testing.assert_allclose(out, stale, rtol=1e-5, atol=1e-6)
+            continue
+        np.testing.assert_allclose(out[:, :done], fresh[:, :done], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out[:, done:], stale[:, done:], rtol=1e-5, atol=1e-6)
+
+
 def _pan(n, motion=(1, 1), still=(3,)):
     """``n`` frames of a camera panning by ``motion`` a frame over a random
     canvas, frames ``still`` repeating the one before."""
@@ -128,6 +173,7 @@ def _pan(n, motion=(1, 1), still=(3,)):
 GPU_CONFIGS = {
     "deepcache": {},
     "refine": {"refine": dcjax.RefineConfig(delta=0.05)},
+    "refine_bands": {"refine": dcjax.RefineConfig(delta=0.05), "refresh_bands": 2},
     "cap": {"max_pixel_change": 0.1, "color": "rgb"},
 }
 

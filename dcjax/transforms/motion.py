@@ -4,15 +4,20 @@
 alignment policy (`ALIGNMENTS`). For a variable of stride ``s = p/q`` the shift
 is ``M * q / p``. Under ``alignment="exact"`` a variable whose shift is not an
 integer is not reusable at all; under ``"round"`` the shift is rounded half up.
+The positions a frame recomputes whatever reuse says are the guard's region
+(`unguarded`) and the band of a banded periodic refresh (`unforced`).
 `expand_mask` lays an ``(H, W)`` mask out against a value's spatial axes.
 """
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dcjax.transforms import guard as guard_lib
 
@@ -37,6 +42,10 @@ class FrameContext:
         hot: with ``guard``, the (h, w) cells of its map the last frame
             scored over its threshold (`dcjax.transforms.guard.cells`).
         cell_stride: input pixels per cell of ``hot``.
+        band: ``(start, stop)``, int32 scalars: the input rows a banded
+            periodic refresh recomputes on this frame (`dcjax.Config.refresh_bands`;
+            ``start == stop`` on a frame that has no band), or None without
+            banded refreshes.
     """
 
     def __init__(
@@ -46,13 +55,16 @@ class FrameContext:
         guard: GuardConfig | None = None,
         hot: jax.Array | None = None,
         cell_stride: int = 1,
+        band: tuple[jax.Array, jax.Array] | None = None,
     ) -> None:
         self.motion = jnp.asarray(motion, jnp.int32)
         self.alignment = alignment
         self.guard, self.hot, self.cell_stride = guard, hot, cell_stride
         self._shifts: dict[Any, tuple] = {}
         self._valid: dict[Any, jax.Array] = {}
+        self.band = band
         self._unguarded: dict[Any, jax.Array] = {}
+        self._banded: dict[Any, jax.Array] = {}
         self.zero_motion = jnp.all(self.motion == 0)
 
     def shift(self, sig: Spatial) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -98,6 +110,33 @@ class FrameContext:
                 self.hot, self.cell_stride, sig.size, sig.stride, self.guard
             )
         return self._unguarded[key]
+
+    def banded(self, sig: Spatial) -> Any:
+        """(H_v, W_v): the positions of a variable of signature ``sig`` in this
+        frame's refresh band; False without banded refreshes. Position ``i`` is
+        in the band when the input rows it covers, ``[i s, (i + 1) s)`` at the
+        stride ``s``, meet the band's."""
+        if self.band is None:
+            return False
+        key = (sig.size, sig.stride)
+        if key not in self._banded:
+            start, stop = self.band
+            s = Fraction(sig.stride[0])
+            n = sig.size[0]
+            lo = np.asarray([math.floor(i * s) for i in range(n)], np.int32)
+            hi = np.asarray([math.ceil((i + 1) * s) for i in range(n)], np.int32)
+            rows = (lo < stop) & (hi > start)
+            self._banded[key] = jnp.broadcast_to(rows[:, None], sig.size)
+        return self._banded[key]
+
+    def unforced(self, sig: Spatial) -> Any:
+        """(H_v, W_v): the positions of a variable of signature ``sig`` that this
+        frame may reuse: outside the guard's region (`unguarded`) and outside its
+        refresh band (`banded`), so that a band is recomputed at every layer and
+        its references restart (`dcjax.transforms.refiners`); True with neither."""
+        if self.band is None:
+            return self.unguarded(sig)
+        return self.unguarded(sig) & ~self.banded(sig)
 
     def collapse(self, mask: regions.Mask) -> regions.Mask:
         if mask is True:

@@ -8,6 +8,9 @@ wherever the layer recomputes. At a layer that reads the frame
 (`dcjax.plan.LayerPlan.tested_alone`) the input's mask is the matcher's, which
 passes blocks by PSNR: there the test alone decides reuse, so that the error
 bound holds at every output the layer reuses, behind a block matcher too.
+Positions the frame recomputes whatever reuse says (a guard's region, the
+band of a banded refresh: `FrameContext.unforced`) count as changed, so their
+reference restarts, as everywhere on a refresh.
 Layers that read the same feature map (`queries.shared_inputs`) share the
 first one's test, reference and scale: one pass over the map, one copy in the
 state.
@@ -130,7 +133,7 @@ class InputRefiner:
         dy, dx, _ = self._ctx.shift(sig)
         ref = shifted(self._refs[owner], dy, dx, sig.axes)
         valid = (
-            self._ctx.valid(sig) & self._ctx.unguarded(sig) & self._layer_valid[owner]
+            self._ctx.valid(sig) & self._ctx.unforced(sig) & self._layer_valid[owner]
             & ~self._refresh
         )  # fmt: skip
 
