@@ -110,7 +110,7 @@ class CachePolicy(Policy):
         mask = mask & self._ctx.unforced(lp.layer.signature)
         if lp.keeps_cache and skipping_pays():
             # A conditional materialises the layer's mask once (the guard's
-            # region included), where XLA:CPU would otherwise fuse the mask
+            # region and a refresh band included), where XLA:CPU would otherwise fuse the mask
             # propagation behind it into each of the kernel's consumers of the
             # mask (docs/performance-notes.md).
             mask = lax.cond(valid, lambda m: m, jnp.zeros_like, mask)

@@ -4,8 +4,9 @@
 alignment policy (`ALIGNMENTS`). For a variable of stride ``s = p/q`` the shift
 is ``M * q / p``. Under ``alignment="exact"`` a variable whose shift is not an
 integer is not reusable at all; under ``"round"`` the shift is rounded half up.
-The positions a frame recomputes whatever reuse says are the guard's region
-(`unguarded`) and the band of a banded periodic refresh (`unforced`).
+A frame recomputes two regions whatever reuse says: the guard's (outside it:
+`unguarded`) and the band of a banded periodic refresh (`banded`); `unforced`
+is what neither forces.
 `expand_mask` lays an ``(H, W)`` mask out against a value's spatial axes.
 """
 
