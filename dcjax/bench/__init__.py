@@ -23,7 +23,8 @@ Each program is a module here with ``main(argv) -> int`` (its own options,
 
 ``dcjax bench`` without a program is the paper's evaluation
 (`dcjax.bench.evaluation`). The helpers the programs and the command share
-(argument types and checks, tables, JSON, timing) are `dcjax.bench.common`.
+are `dcjax.bench.arguments` (argument types and checks) and
+`dcjax.bench.common` (models and frames, tables, JSON, timing, warnings).
 Importing this package imports none of the programs.
 """
 

@@ -19,19 +19,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dcjax.bench.common import (
+from dcjax.bench.arguments import (
     at_least,
     check_model,
     check_video,
-    load_clip,
     nonnegative_float,
     nonnegative_int,
     number,
     program_parser,
-    table,
     width,
-    write_json,
 )
+from dcjax.bench.common import load_clip, table, write_json
 from dcjax.eval.ceiling import best, reuse_ceiling, sweep_configs
 
 __all__ = ["main"]

@@ -28,16 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dcjax.bench.common import (
-    Timed,
-    comma_list,
-    positive_int,
-    program_parser,
-    table,
-    time_interleaved,
-    unit_interval,
-    write_json,
-)
+from dcjax.bench.arguments import comma_list, positive_int, program_parser, unit_interval
+from dcjax.bench.common import Timed, table, time_interleaved, write_json
 from dcjax.kernels import auto as _auto
 from dcjax.kernels import pallas_gpu
 from dcjax.kernels import rows as _rows

@@ -36,7 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dcjax.bench.common import at_least, program_parser, table, write_json
+from dcjax.bench.arguments import at_least, program_parser
+from dcjax.bench.common import table, write_json
 
 __all__ = ["main", "run_one"]
 

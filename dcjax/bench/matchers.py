@@ -35,7 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dcjax.bench.common import machine, positive_int, program_parser, table, write_json
+from dcjax.bench.arguments import positive_int, program_parser
+from dcjax.bench.common import machine, table, write_json
 from dcjax.matching import histogram_match, match
 
 __all__ = ["PHOTOS", "SIZE", "format_table", "main", "make_clip", "run"]

@@ -25,15 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dcjax.bench.common import (
-    Timed,
-    at_least,
-    program_parser,
-    table,
-    time_interleaved,
-    unit_interval,
-    write_json,
-)
+from dcjax.bench.arguments import at_least, program_parser, unit_interval
+from dcjax.bench.common import Timed, table, time_interleaved, write_json
 from dcjax.kernels.matvec import delta_matvec, reference_delta_matvec
 
 __all__ = ["SHAPES", "FRACTIONS", "main", "run"]

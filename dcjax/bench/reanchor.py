@@ -22,7 +22,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from dcjax.bench.common import at_least, program_parser, table, unit_interval, write_json
+from dcjax.bench.arguments import at_least, program_parser, unit_interval
+from dcjax.bench.common import table, write_json
 
 __all__ = ["PERIODS", "main", "run"]
 

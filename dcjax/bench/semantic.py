@@ -36,12 +36,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from dcjax.bench.common import (
-    machine,
-    positive_int,
-    program_parser,
-    write_json,
-)
+from dcjax.bench.arguments import positive_int, program_parser
+from dcjax.bench.common import machine, write_json
 
 __all__ = ["auto_taus", "main", "run_benchmark"]
 

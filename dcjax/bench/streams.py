@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from dcjax.bench.common import (
+from dcjax.bench.arguments import (
     at_least,
     check_input_size,
     check_model,
@@ -55,16 +55,11 @@ from dcjax.bench.common import (
     check_video,
     frame_size,
     input_size,
-    load_clip,
-    machine,
     nonnegative_int,
     program_parser,
-    progress,
-    table,
-    warn_records,
     width,
-    write_json,
 )
+from dcjax.bench.common import load_clip, machine, progress, table, warn_records, write_json
 
 __all__ = ["METHODS", "main", "run", "stream_clips"]
 

@@ -36,16 +36,8 @@ import jax.numpy as jnp
 from jax.extend import core
 
 from dcjax import models
-from dcjax.bench.common import (
-    Timed,
-    at_least,
-    machine,
-    nonnegative_int,
-    program_parser,
-    table,
-    time_interleaved,
-    write_json,
-)
+from dcjax.bench.arguments import at_least, nonnegative_int, program_parser
+from dcjax.bench.common import Timed, machine, table, time_interleaved, write_json
 from dcjax.transforms.host_syncs import sub_jaxprs
 
 __all__ = ["JaxprCost", "count_cost", "main", "measure"]

@@ -50,7 +50,7 @@ between runs").
 Modules: `dcjax.cli.app` (the parser and `main`), `dcjax.cli.subcommands`
 (``demo``, ``run``, ``profile``, ``models``), `dcjax.cli.evaluation`
 (``bench``); the argument checks they share with the benchmark programs are
-`dcjax.bench.common`.
+`dcjax.bench.arguments`.
 """
 
 from dcjax.cli.app import (

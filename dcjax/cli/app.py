@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from dcjax import allocator
-from dcjax.bench import PROGRAMS, common
+from dcjax.bench import PROGRAMS, arguments
 
 __all__ = ["COMPILATION_CACHE_MAX_BYTES", "build_parser", "compilation_cache_dir", "main"]
 
@@ -34,11 +34,11 @@ DEMO_METHOD = "deepcache+refine:delta=0.01,max_pixel_change=0.1"
 
 
 def _add_size_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--width", type=common.width, default=1.0,
+    p.add_argument("--width", type=arguments.width, default=1.0,
                    help="channel multiplier of zoo models (1.0: the published network; "
                         "small values for quick runs; no pretrained weights then)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--cpus", type=common.positive_int, metavar="N",
+    p.add_argument("--cpus", type=arguments.positive_int, metavar="N",
                    help="run on N of this process's CPU cores (default: all); XLA:CPU "
                         "parallelises dense convolutions over cores but not the sparse "
                         "kernels' loops, so speedups depend on it")  # fmt: skip
@@ -48,7 +48,7 @@ def _add_frame_size_args(p: argparse.ArgumentParser, native: str, what: str = "t
     """``--size HxW`` and ``--native`` (one or the other; without either, frames
     are resized to the model's published input size, as ``dcjax models`` lists)."""
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--size", type=common.frame_size, metavar="HxW",
+    group.add_argument("--size", type=arguments.frame_size, metavar="HxW",
                        help=f"build {what} for HxW frames (e.g. 576x768) and decode the "
                             "frames at that size (default: resized to the model's published "
                             "input, see dcjax models); any size that leaves each layer a "
@@ -68,12 +68,14 @@ def _add_video_model_args(p: argparse.ArgumentParser, *, many: bool = False) -> 
     p.add_argument("--model", required=True, help="zoo model (see dcjax models)")
     p.add_argument("--pretrained", action="store_true",
                    help="real weights (efficientnet_lite0, mobilenet_v2)")  # fmt: skip
-    p.add_argument("--start", type=common.nonnegative_int, default=0, help="frames to skip first")
+    p.add_argument(
+        "--start", type=arguments.nonnegative_int, default=0, help="frames to skip first"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``dcjax`` command."""
-    parser = common.ArgumentParser(
+    parser = arguments.ArgumentParser(
         prog="dcjax",
         description="DeepCache for JAX: reuse CNN work across frames.",
         epilog="Compiled steps are kept between runs in $XDG_CACHE_HOME/dcjax/xla "
@@ -81,14 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
         "elsewhere, DCJAX_COMPILATION_CACHE=off keeps none.",
     )
     sub = parser.add_subparsers(
-        dest="command", metavar="COMMAND", parser_class=common.ArgumentParser
+        dest="command", metavar="COMMAND", parser_class=arguments.ArgumentParser
     )
     sub.required = True
 
     demo = sub.add_parser("demo", help="a real detector (CenterFace) on a bundled clip at the "
                                        "camera's resolution, with and without DeepCache; "
                                        "writes dcjax-demo/report.html")  # fmt: skip
-    demo.add_argument("--frames", type=common.frames_int, default=40, help="frames (default 40)")
+    demo.add_argument("--frames", type=arguments.frames_int, default=40, help="frames (default 40)")
     demo.add_argument(
         "--video",
         default="vtest768",
@@ -112,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="one model and method on a video, or on several as streams")
     _add_video_model_args(run, many=True)
     run.add_argument("--method", default="deepcache", help="method spec (default deepcache)")
-    run.add_argument("--frames", type=common.frames_int, default=100, help="frames (default 100)")
+    run.add_argument(
+        "--frames", type=arguments.frames_int, default=100, help="frames (default 100)"
+    )
     run.add_argument("--json", metavar="PATH", help="write the metrics records here")
     run.add_argument("--out", metavar="PATH", help="write the frames with the reuse mask here")
     run.add_argument("--anonymize", action="store_true",
@@ -156,10 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="METHOD",
         help="method specs (default: nocache deepcache deepmon mil frame)",
     )
-    bench.add_argument("--frames", type=common.frames_int, default=100, help="frames per video")
+    bench.add_argument("--frames", type=arguments.frames_int, default=100, help="frames per video")
     bench.add_argument(
         "--start",
-        type=common.nonnegative_int,
+        type=arguments.nonnegative_int,
         default=0,
         help="frames to skip at the start of every video",
     )
@@ -174,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--blocks",
         nargs="+",
-        type=common.positive_int,
+        type=arguments.positive_int,
         default=[],
         metavar="B",
         help="DeepCache block sizes to sweep (Fig. 17)",
@@ -182,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--deltas",
         nargs="+",
-        type=common.nonnegative_float,
+        type=arguments.nonnegative_float,
         default=[],
         metavar="D",
         help="refinement thresholds to sweep: deepcache+refine and delta at each "
@@ -229,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prof.add_argument(
         "--frames",
-        type=common.frames_int,
+        type=arguments.frames_int,
         default=20,
         help="frames, the first 5 untimed (default 20)",
     )

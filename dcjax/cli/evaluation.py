@@ -16,7 +16,7 @@ import contextlib
 import os
 from typing import Any
 
-from dcjax.bench import common
+from dcjax.bench import arguments, common
 
 __all__ = ["bench_command"]
 
@@ -27,14 +27,14 @@ def bench_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int
 
     model_names = args.models or [*evaluation.PAPER_MODELS, "efficientnet_lite0"]
     for m in model_names:
-        common.check_model(sub, "--models", m)
+        arguments.check_model(sub, "--models", m)
     methods = args.methods or list(evaluation.DEFAULT_METHODS)
     for m in methods:
-        common.check_method(sub, "--methods", m)
-    paths = [common.check_video(sub, "--videos", v, args.start) for v in args.videos]
+        arguments.check_method(sub, "--methods", m)
+    paths = [arguments.check_video(sub, "--videos", v, args.start) for v in args.videos]
     _check_input_sizes(sub, args, model_names, paths)
-    common.check_output(sub, "--json", args.json)
-    common.check_output(sub, "--report", args.report)
+    arguments.check_output(sub, "--json", args.json)
+    arguments.check_output(sub, "--report", args.report)
     matchers = args.matchers
     if matchers is not None:
         matchers = matchers or list(evaluation.DEFAULT_MATCHERS)
@@ -76,7 +76,7 @@ def bench_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int
     matcher_rows: list = []
     interrupted = " Interrupted: the records made before the interruption only."
     with (
-        common.method_errors(sub, "--methods"),
+        arguments.method_errors(sub, "--methods"),
         _saying_what_is_kept(
             records, args.json, (lambda r: report_to(r, interrupted)) if args.report else None
         ),
@@ -113,7 +113,7 @@ def _check_input_sizes(
     ``--native`` each video's own (checked before any model loads)."""
     if args.size is not None:
         for m in models:
-            common.check_input_size(sub, "--size", m, args.size, width=args.width)
+            arguments.check_input_size(sub, "--size", m, args.size, width=args.width)
     elif args.native:
         from dcjax import video
 
@@ -122,7 +122,7 @@ def _check_input_sizes(
             sizes.setdefault(tuple(video.info(p).size), v)
         for m in models:
             for (h, w), v in sizes.items():
-                common.check_input_size(sub, "--native", m, (h, w), width=args.width,
+                arguments.check_input_size(sub, "--native", m, (h, w), width=args.width,
                                         source=f"{v} is {h}x{w}: ")  # fmt: skip
 
 
@@ -142,5 +142,5 @@ def _saying_what_is_kept(records: list, path: str, report_to=None):
             try:
                 kept += f", their report in {report_to(records)}"
             except Exception as e:  # the records are what must not be lost
-                kept += f" (no report: {type(e).__name__}: {common.message(e)})"
+                kept += f" (no report: {type(e).__name__}: {arguments.message(e)})"
         raise KeyboardInterrupt(kept) from None

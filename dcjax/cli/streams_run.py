@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from dcjax.bench import common
+from dcjax.bench import arguments, common
 
 __all__ = ["streams_run_command"]
 
@@ -46,8 +46,8 @@ def _method(sub: argparse.ArgumentParser, spec_text: str) -> tuple[str, Any]:
     if name not in STREAM_METHODS:
         sub.error(f"argument --method: several videos run as streams of "
                   f"{' or '.join(STREAM_METHODS)} only, got {name!r}")  # fmt: skip
-    common.check_method(sub, "--method", spec_text)
-    with common.method_errors(sub, "--method"):
+    arguments.check_method(sub, "--method", spec_text)
+    with arguments.method_errors(sub, "--method"):
         if name == "deepcache":
             methods.deepcache_config(options)
         else:
@@ -62,7 +62,7 @@ def _streams(
     from dcjax.eval import methods, switching_method
 
     # a guard on a model without a score map, say
-    with common.method_errors(sub, "--method", ValueError):
+    with arguments.method_errors(sub, "--method", ValueError):
         if name == "deepcache":
             config = methods.deepcache_config(options, spec)
         else:
@@ -95,16 +95,16 @@ def streams_run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) 
     from dcjax.eval import methods
     from dcjax.eval.harness import calibrated
 
-    common.check_model(sub, "--model", args.model)
+    arguments.check_model(sub, "--model", args.model)
     name, options = _method(sub, args.method)
     if args.out:
         sub.error("argument --out: one video only; with several, use --outputs PATH.npz")
-    paths = [common.check_video(sub, "VIDEO", v, args.start) for v in args.video]
-    common.check_output(sub, "--json", args.json)
-    common.check_output(sub, "--outputs", args.outputs)
+    paths = [arguments.check_video(sub, "VIDEO", v, args.start) for v in args.video]
+    arguments.check_output(sub, "--json", args.json)
+    arguments.check_output(sub, "--outputs", args.outputs)
     size = _size(sub, args, paths)
     if size is not None:
-        common.check_input_size(sub, "--size", args.model, size, width=args.width)
+        arguments.check_input_size(sub, "--size", args.model, size, width=args.width)
     spec, _ = common.load_spec(args.model, pretrained=args.pretrained, width=args.width, fps=10.0,
                                input_size=size)  # fmt: skip
     clips = [common.load_clip(p, spec.frame_shape, frames=args.frames, start=args.start)

@@ -2,7 +2,7 @@
 
 Each takes its own parser (for one-line argument errors) and the parsed
 arguments, checks what they name before any model loads
-(`dcjax.bench.common`), and returns the exit status.
+(`dcjax.bench.arguments`), and returns the exit status.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from dcjax.bench import common
+from dcjax.bench import arguments, common
 
 __all__ = [
     "COLUMNS_NOTE",
@@ -129,12 +129,12 @@ def nothing_sparse_note(record: dict[str, Any]) -> str:
 def _input_size(sub, args, model: str, path: str, label: str) -> tuple[int, int] | None:
     """The frame size ``--size`` / ``--native`` ask for (None: neither), checked
     against the model before it loads."""
-    size = common.input_size(args, path)
+    size = arguments.input_size(args, path)
     if size is not None and args.native:
-        common.check_input_size(sub, "--native", model, size, width=args.width,
+        arguments.check_input_size(sub, "--native", model, size, width=args.width,
                                 source=f"{label} is {size[0]}x{size[1]}: ")  # fmt: skip
     elif size is not None:
-        common.check_input_size(sub, "--size", model, size, width=args.width)
+        arguments.check_input_size(sub, "--size", model, size, width=args.width)
     return size
 
 
@@ -153,10 +153,10 @@ def models_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> in
 
 
 def demo_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    common.check_model(sub, "--model", args.model)
-    common.check_method(sub, "--method", args.method)
-    path = common.check_video(sub, "--video", args.video)
-    common.check_output(sub, "--out", args.out, "dir")
+    arguments.check_model(sub, "--model", args.model)
+    arguments.check_method(sub, "--method", args.method)
+    path = arguments.check_video(sub, "--video", args.video)
+    arguments.check_output(sub, "--out", args.out, "dir")
     if args.size is None:  # the demo runs at the clip's own size unless told
         args.native = True
     size = _input_size(sub, args, args.model, path, args.video)
@@ -173,7 +173,7 @@ def demo_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     print(f"dcjax demo: {weights} {args.model} on {args.video} ({len(frames)} frames at "
           f"{spec.frame_shape[0]}x{spec.frame_shape[1]}), without and with {args.method}; "
           "compiling and measuring kernels first (minutes on 2 cores)...", flush=True)  # fmt: skip
-    with common.method_errors(sub, "--method"):
+    with arguments.method_errors(sub, "--method"):
         ev = harness.evaluate(spec, frames, ["nocache", args.method], video_label=args.video,
                               progress=not args.no_progress)  # fmt: skip
     rec = ev.records[1]
@@ -243,11 +243,11 @@ def run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     args.video = args.video[0]
     if args.outputs:
         sub.error("argument --outputs: with several videos only (one video: --json, --out)")
-    common.check_model(sub, "--model", args.model)
-    common.check_method(sub, "--method", args.method)
-    path = common.check_video(sub, "VIDEO", args.video, args.start)
-    common.check_output(sub, "--json", args.json)
-    common.check_output(sub, "--out", args.out, "video")
+    arguments.check_model(sub, "--model", args.model)
+    arguments.check_method(sub, "--method", args.method)
+    path = arguments.check_video(sub, "VIDEO", args.video, args.start)
+    arguments.check_output(sub, "--json", args.json)
+    arguments.check_output(sub, "--out", args.out, "video")
     if args.anonymize and not args.out:
         sub.error("argument --anonymize: needs --out (the video to write)")
     size = _input_size(sub, args, args.model, path, args.video)
@@ -264,7 +264,7 @@ def run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     print(f"{args.model} on {args.video}: {len(frames)} frames from frame {args.start} at "
           f"{spec.frame_shape[0]}x{spec.frame_shape[1]}, nocache and {args.method}",
           flush=True)  # fmt: skip
-    with common.method_errors(sub, "--method"):
+    with arguments.method_errors(sub, "--method"):
         ev = harness.evaluate(spec, frames, ["nocache", args.method], video_label=args.video,
                               progress=not args.no_progress)  # fmt: skip
     print(common.table(_short_rows(ev.records)))
@@ -289,13 +289,13 @@ def run_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def profile_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    common.check_model(sub, "--model", args.model)
+    arguments.check_model(sub, "--model", args.model)
     for m in args.methods:
-        common.check_method(sub, "--methods", m)
+        arguments.check_method(sub, "--methods", m)
     if args.frames <= PROFILE_WARMUP:
         sub.error(f"argument --frames: needs more than {PROFILE_WARMUP} (those are untimed)")
-    path = common.check_video(sub, "VIDEO", args.video, args.start, need=PROFILE_WARMUP + 1)
-    common.check_output(sub, "--json", args.json)
+    path = arguments.check_video(sub, "VIDEO", args.video, args.start, need=PROFILE_WARMUP + 1)
+    arguments.check_output(sub, "--json", args.json)
     size = _input_size(sub, args, args.model, path, args.video)
     from dcjax.eval import harness, methods, profile, registry
 
@@ -307,7 +307,7 @@ def profile_command(sub: argparse.ArgumentParser, args: argparse.Namespace) -> i
     todo = common.progress(args.methods, desc=f"profiling {args.model}", unit="method",
                            quiet=args.no_progress)  # fmt: skip
     for spec_text in todo:
-        with common.method_errors(sub, "--methods"):
+        with arguments.method_errors(sub, "--methods"):
             runner = registry.make_runner(spec, *registry.parse_method(spec_text))
         if runner.cached is not None:  # the plan the race kept, as bench records it
             plans[spec_text] = methods.tuning_dict(runner.cached)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dcjax import cli, video
-from dcjax.bench import common
+from dcjax.bench import arguments, common
 from dcjax.eval import harness, specs
 from tests.cli import TINY
 
@@ -148,10 +148,10 @@ def test_bad_sizes_exit_2_with_one_line(value, says, capsys):
 
 
 def test_frame_size_parses_height_by_width():
-    assert common.frame_size("576x768") == (576, 768)
-    assert common.frame_size(" 66 X 200 ") == (66, 200)
+    assert arguments.frame_size("576x768") == (576, 768)
+    assert arguments.frame_size(" 66 X 200 ") == (66, 200)
     with pytest.raises(argparse.ArgumentTypeError):
-        common.frame_size("576")
+        arguments.frame_size("576")
 
 
 @pytest.mark.parametrize(
