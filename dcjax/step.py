@@ -230,12 +230,8 @@ class Step:
         else:  # no predicate read on the host (`dcjax._loops.skipping_pays`)
             r0 = m.mask & inside & ~refresh
         rows = None
-        if cfg.refresh_bands > 1:  # no band (-1): start == stop == 0
-            on = band >= 0
-            rows = tuple(
-                jnp.where(on, (band + k) * h // cfg.refresh_bands, 0).astype(jnp.int32)
-                for k in (0, 1)
-            )
+        if cfg.refresh_bands > 1:  # no band (-1): rows [-h / B, 0), none of the frame's
+            rows = (band * h // cfg.refresh_bands, (band + 1) * h // cfg.refresh_bands)
         ctx = FrameContext(
             motion, cfg.alignment, cfg.guard, state.guard, self.guard_stride or 1, band=rows
         )

@@ -42,6 +42,7 @@ import numpy as np
 from jax import lax
 
 from dcjax._checks import check as _check
+from dcjax.transforms.spatial import covered
 
 __all__ = ["LAYOUTS", "GuardConfig", "cells", "map_stride", "region"]
 
@@ -149,9 +150,9 @@ def region(
     """
     g = hot.astype(jnp.int32)
     for axis in range(2):
-        n, s = g.shape[axis], Fraction(stride[axis]) / cell_stride
-        lo = np.asarray([min(math.floor(i * s), n - 1) for i in range(size[axis])])
-        hi = np.asarray([min(math.ceil((i + 1) * s), n) for i in range(size[axis])])
+        n = g.shape[axis]
+        lo, hi = covered(size[axis], Fraction(stride[axis]) / cell_stride)
+        lo, hi = np.minimum(lo, n - 1), np.minimum(hi, n)
         hi = np.maximum(hi, lo + 1)
         first = jnp.zeros_like(jnp.take(g, np.arange(1), axis=axis))
         total = jnp.concatenate([first, jnp.cumsum(g, axis)], axis=axis)

@@ -12,15 +12,13 @@ is what neither forces.
 
 from __future__ import annotations
 
-import math
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from dcjax.transforms import guard as guard_lib
+from dcjax.transforms.spatial import covered
 
 if TYPE_CHECKING:
     from dcjax.transforms import regions
@@ -45,8 +43,8 @@ class FrameContext:
         cell_stride: input pixels per cell of ``hot``.
         band: ``(start, stop)``, int32 scalars: the input rows a banded
             periodic refresh recomputes on this frame (`dcjax.Config.refresh_bands`;
-            ``start == stop`` on a frame that has no band), or None without
-            banded refreshes.
+            a range that holds no row on a frame without a band), or None
+            without banded refreshes.
     """
 
     def __init__(
@@ -122,10 +120,7 @@ class FrameContext:
         key = (sig.size, sig.stride)
         if key not in self._banded:
             start, stop = self.band
-            s = Fraction(sig.stride[0])
-            n = sig.size[0]
-            lo = np.asarray([math.floor(i * s) for i in range(n)], np.int32)
-            hi = np.asarray([math.ceil((i + 1) * s) for i in range(n)], np.int32)
+            lo, hi = covered(sig.size[0], sig.stride[0])
             rows = (lo < stop) & (hi > start)
             self._banded[key] = jnp.broadcast_to(rows[:, None], sig.size)
         return self._banded[key]

@@ -11,11 +11,24 @@ without spatial axes (parameters, constants, pooled vectors, logits) have none
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
-__all__ = ["Spatial", "first_spatial", "var_shape"]
+import numpy as np
+
+__all__ = ["Spatial", "covered", "first_spatial", "var_shape"]
+
+
+def covered(n: int, stride: Fraction) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)``, int (n,): position ``i`` of an axis of ``n`` positions at
+    ``stride`` input pixels a step covers the input pixels ``[lo[i], hi[i])`` =
+    ``[floor(i s), ceil((i + 1) s))``."""
+    s = Fraction(stride)
+    lo = np.asarray([math.floor(i * s) for i in range(n)], np.int64)
+    hi = np.asarray([math.ceil((i + 1) * s) for i in range(n)], np.int64)
+    return lo, hi
 
 
 @dataclasses.dataclass(frozen=True)
