@@ -14,9 +14,10 @@
 the validated record of that matcher; an unknown key or a bad value is an
 error naming it. `StreamMatcher` is what a stream runs per frame: it keeps the
 key frame in the form its matcher reads (`key_of`: the matcher's planes for
-the motion searches, so each frame is converted once; the float32 frame
-otherwise), matches a frame against the key (`match`) and says which key the
-next frame is matched against (`next_key`, by the policy of `KEYS`).
+the motion searches and the same-position matcher, so each frame is converted
+once; the float32 frame otherwise), matches a frame against the key
+(`match`) and says which key the next frame is matched against (`next_key`,
+by the policy of `KEYS`).
 
 The contract of a `Match` is the one of `dcjax.matching` (docs/design.md,
 "Matcher"): ``cur[y, x] ~ key[y + My, x + Mx]`` where the mask is true.
@@ -43,7 +44,7 @@ from dcjax.matching.block import (
     planes,
 )
 from dcjax.matching.histogram import histogram_match
-from dcjax.matching.static import psnr_peak, static_match
+from dcjax.matching.static import psnr_peak, static_match, static_match_planes
 from dcjax.matching.types import Match
 
 __all__ = [
@@ -268,18 +269,25 @@ class StreamMatcher:
 
     @property
     def planes_key(self) -> bool:
-        """Whether the key is kept as the matcher's planes (the motion searches)."""
-        return self.name in SEARCHES
+        """Whether the key is kept as the matcher's planes (the motion searches
+        and the same-position matcher)."""
+        return self.name in SEARCHES or self.name == "static"
 
     def key_shape(self, frame_shape: tuple[int, int, int]) -> tuple[int, ...]:
-        """Shape of the key of ``(H, W, C)`` frames: ``(C', H, W)`` planes or the frame's."""
+        """Shape of the key of ``(H, W, C)`` frames: ``(C', H, W)`` planes or the
+        frame's; ``(0,)`` for ``"none"``, which reads no key."""
         h, w, c = frame_shape
+        if self.name == "none":
+            return (0,)
         if not self.planes_key:
             return (h, w, c)
         return (1 if self.color == "luma" else c, h, w)
 
     def key_of(self, frame: jax.Array) -> jax.Array:
-        """What of ``frame`` the key keeps: its planes, or the frame in float32."""
+        """What of ``frame`` the key keeps: its planes, or the frame in float32
+        (nothing for ``"none"``)."""
+        if self.name == "none":
+            return jnp.zeros((0,), jnp.float32)
         if self.planes_key:
             return planes(frame, self.color)
         return frame.astype(jnp.float32)
@@ -291,6 +299,12 @@ class StreamMatcher:
         if not self.planes_key:
             return self.match_frames(prev_key.astype(frame.dtype), frame)
         peak = psnr_peak(frame.dtype, self.data_range)
+        if self.name == "static":
+            m = static_match_planes(
+                prev_key, key, peak=peak, block_size=self.block_size,
+                psnr_threshold=self.psnr_threshold,
+            )  # fmt: skip
+            return self._capped(m, prev_key, key, peak)
         m = block_match_planes(
             prev_key, key, peak=peak, search=self.name, init_motion=init_motion,
             block_size=self.block_size, psnr_threshold=self.psnr_threshold, color=self.color,
@@ -357,7 +371,7 @@ class StreamMatcher:
         exceeds the threshold instead of accumulating. With ``"previous"``, the
         frame itself.
         """
-        if self.key == "previous":
+        if self.key == "previous" or self.name == "none":
             return new
         if self.planes_key:  # (C', H, W)
             return jnp.where(r0[None], shifted(key, motion[0], motion[1], (1, 2)), new)

@@ -152,17 +152,52 @@ def static_match(
             f"dcjax: prev and cur must be (H, W, C) frames of one shape, got "
             f"{prev.shape} and {cur.shape}"
         )
+    return static_match_planes(
+        jnp.moveaxis(_plane(prev, color), -1, 0),
+        jnp.moveaxis(_plane(cur, color), -1, 0),
+        peak=psnr_peak(cur.dtype, data_range),
+        block_size=block_size,
+        psnr_threshold=psnr_threshold,
+    )
+
+
+def static_match_planes(
+    prev: jax.Array,
+    cur: jax.Array,
+    *,
+    peak: float,
+    block_size: int = 10,
+    psnr_threshold: float = 20.0,
+) -> Match:
+    """`static_match` of frames given as their planes (C', H, W) float32.
+
+    The same Match as ``static_match(prev_frame, cur_frame, ...)`` for planes
+    made as `dcjax.matching.block.planes` makes them (the luma plane, or the
+    colour channels), ``peak`` the PSNR peak `static_match` derives from the
+    frames' dtype and ``data_range``: a stream that keeps its key as planes
+    converts each frame once, and reads one plane of the key instead of three
+    colours.
+    """
+    if prev.shape != cur.shape or prev.ndim != 3:
+        raise ValueError(
+            f"dcjax: prev and cur must be (C', H, W) planes of one shape, got "
+            f"{prev.shape} and {cur.shape}"
+        )
     if block_size < 1:
         raise ValueError(f"dcjax: block_size must be >= 1, got {block_size}")
-    peak = psnr_peak(cur.dtype, data_range)
-    err = jnp.square(_plane(cur, color) - _plane(prev, color)).mean(-1)
-    mse = block_sums_unrolled(err, block_size) / block_counts_np(err.shape, block_size)
+    c, h, w = cur.shape
+    err = jnp.square(cur[0] - prev[0])
+    for i in range(1, c):
+        err = err + jnp.square(cur[i] - prev[i])
+    if c > 1:
+        err = err / c  # the mean over the planes
+    mse = block_sums_unrolled(err, block_size) / block_counts_np((h, w), block_size)
     psnr = psnr_from_mse(mse, peak)
     matched = psnr > psnr_threshold
     nby, nbx = matched.shape
     return Match(
         motion=jnp.zeros((2,), jnp.int32),
-        mask=expand_flags(matched, cur.shape[:2], block_size),
+        mask=expand_flags(matched, (h, w), block_size),
         block_vectors=jnp.zeros((nby, nbx, 2), jnp.int32),
         block_psnr=psnr.astype(jnp.float32),
         match_ratio=matched.mean(dtype=jnp.float32),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -10,7 +12,8 @@ from hypothesis import strategies as st
 from skimage import data
 
 from dcjax.matching import static_match
-from dcjax.matching.static import expand_blocks, expand_flags
+from dcjax.matching.matcher import StreamMatcher, matcher_options
+from dcjax.matching.static import expand_blocks, expand_flags, static_match_planes
 
 
 def _reference(prev, cur, block, threshold, peak):
@@ -108,3 +111,35 @@ def test_block_expansions_equal_the_kronecker_expansion(nby, nbx, block, cut, se
         got = np.asarray(jax.jit(expand, static_argnums=(1, 2))(grid, (h, w), block))
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("color", ["luma", "rgb"])
+def test_a_stream_keeps_the_same_position_key_as_planes(color):
+    """The stream matcher keeps the static matcher's key as its planes (one
+    luma plane, or the three colours) and matches a frame against it as the
+    NumPy reference matches the frames themselves."""
+    prev = data.astronaut()[:67, :53]
+    rng = np.random.default_rng(1)
+    cur = prev.copy()
+    cur[20:40, 10:30] = rng.integers(0, 256, (20, 20, 3))
+    cur = np.clip(cur + rng.normal(0, 3, cur.shape), 0, 255).astype(np.uint8)
+    m = StreamMatcher(name="static", options=matcher_options("static"), color=color)
+    m = dataclasses.replace(m, block_size=10, psnr_threshold=30.0)
+    key = m.key_of(prev)
+    assert key.shape == m.key_shape(prev.shape) == ((1,) if color == "luma" else (3,)) + (67, 53)
+    got = m.match(key, cur, m.key_of(cur), np.zeros((2,), np.int32))
+    if color == "luma":
+        psnr, mask = _reference(prev, cur, 10, 30.0, 255.0)
+    else:  # the mean squared error over the three colours
+        err = ((cur.astype(np.float64) - prev) ** 2).mean(-1)
+        sums = np.add.reduceat(np.add.reduceat(err, range(0, 67, 10), 0), range(0, 53, 10), 1)
+        counts = np.add.reduceat(
+            np.add.reduceat(np.ones_like(err), range(0, 67, 10), 0), range(0, 53, 10), 1
+        )
+        psnr = 10 * np.log10(255.0**2 / (sums / counts))
+        mask = np.kron(psnr > 30.0, np.ones((10, 10), bool))[:67, :53]
+    np.testing.assert_allclose(np.asarray(got.block_psnr), psnr, rtol=1e-4)
+    np.testing.assert_array_equal(np.asarray(got.mask), mask)
+    assert 0.0 < float(got.match_ratio) < 1.0
+    with pytest.raises(ValueError, match="one shape"):
+        static_match_planes(key, key[:, :60], peak=255.0)

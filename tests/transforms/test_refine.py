@@ -97,6 +97,7 @@ def test_error_bound_per_layer_and_no_accumulation(metric):
     )
     frames = _photo_stream(40, 0.012, 0.002)  # per frame under delta, in total well over
     state = cached.init()
+    assert state.prev_frame.shape == (0,)  # no matcher reads a key: the state keeps none
     reused_late = []
     for t, f in enumerate(frames):
         (y1, y2), state, info = cached.step(state, f)
