@@ -105,23 +105,24 @@ def expand_blocks(blocks: jax.Array, shape: tuple[int, int], block_size: int) ->
 
 
 def expand_flags(flags: jax.Array, shape: tuple[int, int], block_size: int) -> jax.Array:
-    """`expand_blocks` of a boolean (nby, nbx) grid, as two products with 0/1
-    expansion matrices, ``E_rows @ flags @ E_cols`` (exact for 0/1 entries).
+    """`expand_blocks` of a boolean (nby, nbx) grid: a product with a 0/1
+    column expansion matrix, ``flags @ E_cols`` (exact for 0/1 entries), then
+    each row repeated ``block_size`` times.
 
     Where the flags are computed in the same program, XLA:CPU fuses their whole
     derivation (block sums of squared differences, the PSNR's logarithm) into
     the per-pixel loop of `expand_blocks` and recomputes it for every pixel; a
-    product reads its operand once. `static_match` on the 2-core development
-    machine (jitted, medians of 300 interleaved calls): 0.96 -> 0.28 ms at
-    224x224, 1.89 -> 0.61 ms at 448x448, 0.29 -> 0.11 ms at 66x200. The
-    diamond matcher keeps `expand_blocks`: its flags come from costs a
-    conditional has materialised, and the products made it 2-4 % slower.
+    product reads its operand once, and the rows' repeat copies whole rows
+    (docs/performance-notes.md, "The same-position matcher keeps its key as
+    planes"). The diamond matcher keeps `expand_blocks`: its flags come from
+    costs a conditional has materialised.
     """
     h, w = shape
     nby, nbx = flags.shape
-    rows = (np.arange(h)[:, None] // block_size == np.arange(nby)[None]).astype(np.float32)
     cols = (np.arange(nbx)[:, None] == np.arange(w)[None] // block_size).astype(np.float32)
-    return (rows @ flags.astype(jnp.float32) @ cols) > 0.5
+    wide = flags.astype(jnp.float32) @ cols  # (nby, w)
+    rows = jnp.broadcast_to(wide[:, None, :], (nby, block_size, w))
+    return rows.reshape(nby * block_size, w)[:h] > 0.5
 
 
 def static_match(
