@@ -260,13 +260,16 @@ def test_max_pixel_change_recomputes_a_small_change_inside_a_passing_block(match
     [
         ("diamond", "luma", (1, SIZE, SIZE)),
         ("exhaustive", "rgb", (3, SIZE, SIZE)),
-        ("static", "luma", (SIZE, SIZE, 3)),
+        ("static", "luma", (1, SIZE, SIZE)),
+        ("static", "rgb", (3, SIZE, SIZE)),
         ("histogram", "luma", (SIZE, SIZE, 3)),
+        ("none", "luma", (0,)),
     ],
 )
 def test_the_key_is_kept_as_the_matchers_planes_or_as_the_frame(matcher, color, shape):
-    """With a motion search the state keeps the key as `matching.planes` of the
-    frames (converted once a frame); the other matchers keep the frame."""
+    """With a motion search or the same-position matcher the state keeps the key
+    as `matching.planes` of the frames (converted once a frame); DeepMon's
+    histograms keep the frame, and no matcher keeps nothing."""
     from dcjax import matching
 
     module, variables, ref = _model("plain")
@@ -277,6 +280,11 @@ def test_the_key_is_kept_as_the_matchers_planes_or_as_the_frame(matcher, color, 
     frames = [_photo(SIZE, 3), _photo(SIZE, 3)]
     frames[1][: SIZE // 2] = (frames[1][: SIZE // 2] + 0.5) % 1.0  # every top pixel by 0.5
     out, state, _ = cached.step(state, frames[0])  # the first frame: the key is that frame
+    if matcher == "none":
+        out, state, info = cached.step(state, frames[1])
+        _close(out, ref(frames[1]))
+        assert state.prev_frame.shape == (0,) and float(info["input_reuse"]) == 0.0
+        return
     want = matching.planes(frames[0], color) if shape[0] != SIZE else frames[0]
     np.testing.assert_allclose(np.asarray(state.prev_frame), np.asarray(want), rtol=1e-6)
     out, state, info = cached.step(state, frames[1])
