@@ -37,10 +37,12 @@ class CacheState:
         prev_frame: the key the next frame is matched against
             (`Config.key`): the last finite frame, or the pixels the caches
             were computed from. With a motion search (``matcher`` "diamond",
-            "three_step" or "exhaustive") it is kept as the matcher's planes
+            "three_step" or "exhaustive") or the same-position matcher
+            ("static") it is kept as the matcher's planes
             (`dcjax.matching.planes`: (1, H, W) luma, or (C, H, W) with
-            ``color="rgb"``), so each frame is converted once; with the other
-            matchers it is the (H, W, C) frame in float32.
+            ``color="rgb"``), so each frame is converted once; with DeepMon's
+            histograms it is the (H, W, C) frame in float32; with no matcher
+            ("none") it is empty, (0,).
         has_prev: whether ``prev_frame`` and the caches can be reused.
         since_refresh: frames since the last full recompute; a fresh state
             may start it at a phase (`init_state`'s ``refresh_phase``), which

@@ -84,6 +84,32 @@ def test_streams_equal_independent_steps_with_staggered_refreshes():
     assert refreshed[1:].any(axis=1).all()  # each later frame refreshes some stream (period 3)
 
 
+@pytest.mark.parametrize(
+    ("matcher", "key_shape"), [("static", (3, 1, SIZE, SIZE)), ("none", (3, 0))]
+)
+def test_streams_keep_the_same_position_key_as_planes_and_no_key_without_a_matcher(
+    matcher, key_shape
+):
+    """Each stream's key under `jax.vmap`: the same-position matcher's luma
+    planes, none without a matcher; the streams equal each stream stepped
+    alone."""
+    module, variables = small_models.create("resnet", SIZE)
+    cached = transform(
+        module, variables, frame_shape=(SIZE, SIZE, 3),
+        config=Config(kernel="xla", matcher=matcher, refresh_every=3),
+    )  # fmt: skip
+    frames = _clip()[:, :3]
+    streams = cached.streams(3)
+    states, outs = streams.init(), []
+    assert states.prev_frame.shape == key_shape
+    for t in range(T):
+        out, states, _ = streams.step(states, frames[t])
+        outs.append(np.asarray(out))
+    assert states.prev_frame.shape == key_shape
+    single, _ = _single_streams(cached, frames, streams.phases)
+    _close(np.stack(outs), single)
+
+
 def _loop_carries(jaxpr):
     """Shapes of every loop carry in ``jaxpr`` and the jaxprs nested in it."""
     out = []

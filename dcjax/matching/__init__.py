@@ -8,8 +8,9 @@ vectorised over blocks and vmappable over streams.
 
 - `match`: DeepCache Section 4 with ``search`` in ``"none"`` (same-position
   blocks, `static_match`), ``"diamond"``, ``"three_step"`` or ``"exhaustive"``.
-- `block_match_planes`: the motion searches on frames given as their `planes`
-  (luma or colour planes), for a caller that keeps its key frame as planes.
+- `block_match_planes` and `static_match_planes`: the motion searches and the
+  same-position matcher on frames given as their `planes` (luma or colour
+  planes), for a caller that keeps its key frame as planes.
 - `histogram_match`: DeepMon Section 6.3 (same-position colour histograms).
 - `rectangles`: the merged rectangles of Step 5, on the host.
 - `MATCHERS`, `matcher_options`, `StreamMatcher`: the matchers a stream can
@@ -41,7 +42,7 @@ from dcjax.matching.matcher import (
     matcher_options,
 )
 from dcjax.matching.rectangles import rectangles
-from dcjax.matching.static import psnr_peak, static_match
+from dcjax.matching.static import psnr_peak, static_match, static_match_planes
 from dcjax.matching.types import Match
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "psnr_peak",
     "rectangles",
     "static_match",
+    "static_match_planes",
 ]
 
 MATCH_SEARCHES = ("none", *SEARCHES)

@@ -15,9 +15,9 @@ the validated record of that matcher; an unknown key or a bad value is an
 error naming it. `StreamMatcher` is what a stream runs per frame: it keeps the
 key frame in the form its matcher reads (`key_of`: the matcher's planes for
 the motion searches and the same-position matcher, so each frame is converted
-once; the float32 frame otherwise), matches a frame against the key
-(`match`) and says which key the next frame is matched against (`next_key`,
-by the policy of `KEYS`).
+once; the float32 frame for DeepMon's histograms; nothing for ``"none"``),
+matches a frame against the key (`match`) and says which key the next frame
+is matched against (`next_key`, by the policy of `KEYS`).
 
 The contract of a `Match` is the one of `dcjax.matching` (docs/design.md,
 "Matcher"): ``cur[y, x] ~ key[y + My, x + Mx]`` where the mask is true.
@@ -369,7 +369,7 @@ class StreamMatcher:
         the frame's: a block reused frame after frame is always compared with
         what its features were computed from, so a slow drift is caught once it
         exceeds the threshold instead of accumulating. With ``"previous"``, the
-        frame itself.
+        frame itself; with ``"none"``, which reads no key, ``new`` (empty).
         """
         if self.key == "previous" or self.name == "none":
             return new

@@ -176,8 +176,8 @@ def static_match_planes(
     made as `dcjax.matching.block.planes` makes them (the luma plane, or the
     colour channels), ``peak`` the PSNR peak `static_match` derives from the
     frames' dtype and ``data_range``: a stream that keeps its key as planes
-    converts each frame once, and reads one plane of the key instead of three
-    colours.
+    converts each frame once, and reads the key's planes instead of the
+    frame's colours (one luma plane with ``color="luma"``).
     """
     if prev.shape != cur.shape or prev.ndim != 3:
         raise ValueError(

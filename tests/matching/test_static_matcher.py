@@ -95,9 +95,9 @@ def test_bad_arguments():
     seed=st.integers(0, 2**16),
 )
 def test_block_expansions_equal_the_kronecker_expansion(nby, nbx, block, cut, seed):
-    """Flags through 0/1 products (`expand_flags`) and any values through repeats
-    (`expand_blocks`): both are the block grid blown up to pixels, cut to frames
-    whose last blocks are partial."""
+    """Flags through a 0/1 product and a repeat of rows (`expand_flags`) and
+    any values through repeats (`expand_blocks`): both are the block grid blown
+    up to pixels, cut to frames whose last blocks are partial."""
     rng = np.random.default_rng(seed)
     h, w = (
         max(1, nby * block - min(cut[0], block - 1)),
