@@ -28,7 +28,6 @@ from dcjax.matching.block import (
     SEARCHES,
     block_match,
     block_match_planes,
-    planes,
 )
 from dcjax.matching.histogram import histogram_distances, histogram_match
 from dcjax.matching.matcher import (
@@ -42,7 +41,7 @@ from dcjax.matching.matcher import (
     matcher_options,
 )
 from dcjax.matching.rectangles import rectangles
-from dcjax.matching.static import psnr_peak, static_match, static_match_planes
+from dcjax.matching.static import planes, psnr_peak, static_match, static_match_planes
 from dcjax.matching.types import Match
 
 __all__ = [

@@ -73,10 +73,10 @@ from dcjax.matching import search as _search
 from dcjax.matching import steady as _steady
 from dcjax.matching.grid import admissible_vectors, admits, scatter_grid, searched_blocks
 from dcjax.matching.static import (
-    _plane,
     block_counts_np,
     block_sums_unrolled,
     expand_blocks,
+    planes,
     psnr_from_mse,
     psnr_peak,
 )
@@ -99,16 +99,6 @@ def _global_motion(vectors: jax.Array, ok: jax.Array, r: int) -> jax.Array:
     n = inlier.sum()
     mean = (vectors * inlier[:, None]).sum(0) / jnp.maximum(n, 1)
     return jnp.where(n > 0, jnp.round(mean), 0).astype(jnp.int32)
-
-
-def planes(frame: jax.Array, color: str = "luma") -> jax.Array:
-    """(H, W, C) frame -> (C', H, W) float32 planes the SSD is computed on:
-    the luma plane (``color="luma"``) or the colour channels (``"rgb"``).
-
-    `block_match_planes` takes these: a caller that matches each frame against
-    a key it keeps (`dcjax.deepcache`) keeps the key's planes and converts each
-    frame once instead of converting the key again on every frame."""
-    return jnp.moveaxis(_plane(frame, color), -1, 0)
 
 
 def _shift_ssd(

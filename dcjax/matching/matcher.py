@@ -41,10 +41,9 @@ from dcjax.matching.block import (
     SEARCHES,
     block_match,
     block_match_planes,
-    planes,
 )
 from dcjax.matching.histogram import histogram_match
-from dcjax.matching.static import psnr_peak, static_match, static_match_planes
+from dcjax.matching.static import planes, psnr_peak, static_match, static_match_planes
 from dcjax.matching.types import Match
 
 __all__ = [
@@ -304,12 +303,12 @@ class StreamMatcher:
                 prev_key, key, peak=peak, block_size=self.block_size,
                 psnr_threshold=self.psnr_threshold,
             )  # fmt: skip
-            return self._capped(m, prev_key, key, peak)
-        m = block_match_planes(
-            prev_key, key, peak=peak, search=self.name, init_motion=init_motion,
-            block_size=self.block_size, psnr_threshold=self.psnr_threshold, color=self.color,
-            **_search_kwargs(self.options),
-        )  # fmt: skip
+        else:
+            m = block_match_planes(
+                prev_key, key, peak=peak, search=self.name, init_motion=init_motion,
+                block_size=self.block_size, psnr_threshold=self.psnr_threshold,
+                color=self.color, **_search_kwargs(self.options),
+            )  # fmt: skip
         return self._capped(m, prev_key, key, peak)
 
     def match_frames(self, prev: jax.Array, cur: jax.Array, init_motion: Any = (0, 0)) -> Match:

@@ -45,6 +45,17 @@ def _plane(frame: jax.Array, color: str) -> jax.Array:
     return x.mean(-1, keepdims=True)
 
 
+def planes(frame: jax.Array, color: str = "luma") -> jax.Array:
+    """(H, W, C) frame -> (C', H, W) float32 planes the SSD is computed on:
+    the luma plane (``color="luma"``) or the colour channels (``"rgb"``).
+
+    `block_match_planes` and `static_match_planes` take these: a caller that
+    matches each frame against a key it keeps (`dcjax.deepcache`) keeps the
+    key's planes and converts each frame once instead of converting the key
+    again on every frame."""
+    return jnp.moveaxis(_plane(frame, color), -1, 0)
+
+
 def block_sums(values: jax.Array, block_size: int) -> jax.Array:
     """Sum an (H, W, ...) array over ``block_size`` blocks -> (nby, nbx, ...).
 
@@ -154,8 +165,8 @@ def static_match(
             f"{prev.shape} and {cur.shape}"
         )
     return static_match_planes(
-        jnp.moveaxis(_plane(prev, color), -1, 0),
-        jnp.moveaxis(_plane(cur, color), -1, 0),
+        planes(prev, color),
+        planes(cur, color),
         peak=psnr_peak(cur.dtype, data_range),
         block_size=block_size,
         psnr_threshold=psnr_threshold,
@@ -173,7 +184,7 @@ def static_match_planes(
     """`static_match` of frames given as their planes (C', H, W) float32.
 
     The same Match as ``static_match(prev_frame, cur_frame, ...)`` for planes
-    made as `dcjax.matching.block.planes` makes them (the luma plane, or the
+    made as `planes` makes them (the luma plane, or the
     colour channels), ``peak`` the PSNR peak `static_match` derives from the
     frames' dtype and ``data_range``: a stream that keeps its key as planes
     converts each frame once, and reads the key's planes instead of the

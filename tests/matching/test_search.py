@@ -296,7 +296,7 @@ def test_plane_ssd_equals_gathered_block_ssd(color):
     """Whole-plane SSDs equal the per-block SSDs of gathered windows, edge blocks
     (partly outside the frame) included."""
     prev, cur = _moving_patch("coffee", seed=1, noise=4.0)
-    pl = lambda f: jnp.moveaxis(B._plane(jnp.asarray(f), color), -1, 0)  # noqa: E731
+    pl = lambda f: B.planes(jnp.asarray(f), color)  # noqa: E731
     bs, pad = 10, R + 2
     (nby, nbx), _, corners, _, _ = searched_blocks(64, 84, bs, 1, R, pad)
     eh, ew = nby * bs - 64, nbx * bs - 84
