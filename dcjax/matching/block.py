@@ -75,7 +75,7 @@ from dcjax.matching.grid import admissible_vectors, admits, scatter_grid, search
 from dcjax.matching.static import (
     block_counts_np,
     block_sums_unrolled,
-    expand_blocks,
+    expand_flags,
     planes,
     psnr_from_mse,
     psnr_peak,
@@ -322,7 +322,7 @@ def _block_match(
     psnr, matched = passing(ssd, motion)
     return Match(
         motion=motion,
-        mask=expand_blocks(matched, (h, w), bs),
+        mask=expand_flags(matched, (h, w), bs),
         block_vectors=vectors.astype(jnp.int32),
         block_psnr=psnr,
         match_ratio=matched.mean(dtype=jnp.float32),

@@ -109,24 +109,20 @@ def psnr_from_mse(mse: jax.Array, peak: float) -> jax.Array:
     return jnp.where(mse > 0, 10.0 * jnp.log10(peak**2 / jnp.maximum(mse, 1e-30)), jnp.inf)
 
 
-def expand_blocks(blocks: jax.Array, shape: tuple[int, int], block_size: int) -> jax.Array:
-    """(nby, nbx) per-block values -> (H, W) per-pixel values."""
-    full = jnp.repeat(jnp.repeat(blocks, block_size, 0), block_size, 1)
-    return full[: shape[0], : shape[1]]
-
-
 def expand_flags(flags: jax.Array, shape: tuple[int, int], block_size: int) -> jax.Array:
-    """`expand_blocks` of a boolean (nby, nbx) grid: a product with a 0/1
-    column expansion matrix, ``flags @ E_cols`` (exact for 0/1 entries), then
-    each row repeated ``block_size`` times.
+    """A boolean (nby, nbx) grid of blocks -> (H, W) per-pixel flags, each
+    block's flag over its ``block_size`` x ``block_size`` pixels (cut to
+    ``shape`` where the last blocks are partial): a product with a 0/1 column
+    expansion matrix, ``flags @ E_cols`` (exact for 0/1 entries), then each
+    row repeated ``block_size`` times.
 
     Where the flags are computed in the same program, XLA:CPU fuses their whole
     derivation (block sums of squared differences, the PSNR's logarithm) into
-    the per-pixel loop of `expand_blocks` and recomputes it for every pixel; a
-    product reads its operand once, and the rows' repeat copies whole rows
-    (docs/performance-notes.md, "The same-position matcher keeps its key as
-    planes"). The diamond matcher keeps `expand_blocks`: its flags come from
-    costs a conditional has materialised.
+    a per-pixel expansion by repeats (``jnp.repeat`` along both axes), and
+    into what reads the mask (the pixel-change cap), and recomputes it for
+    every pixel; a product reads its operand once, and the rows' repeat copies
+    whole rows (docs/performance-notes.md, "The same-position matcher keeps
+    its key as planes", "The motion search's mask is expanded by a product").
     """
     h, w = shape
     nby, nbx = flags.shape
