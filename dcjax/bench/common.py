@@ -63,10 +63,11 @@ def _printed(notes: Iterable[str | None]) -> list[str]:
     return notes
 
 
-def warn_above_ideal(rows: Iterable[tuple[str, float, float | None]]) -> list[str]:
-    """For each ``(label, speedup_vs_dense, ideal)`` whose speedup is above its
-    ideal, `dcjax.eval.metrics.above_ideal`'s warning, printed on stderr;
-    returns the warnings."""
+def warn_above_ideal(rows: Iterable[tuple]) -> list[str]:
+    """For each ``(label, speedup_vs_dense, ideal)`` or ``(label,
+    speedup_vs_dense, ideal, speedup_vs_dense_se)`` whose speedup is above its
+    ideal beyond the run's noise, `dcjax.eval.metrics.above_ideal`'s warning,
+    printed on stderr; returns the warnings."""
     from dcjax.eval.metrics import above_ideal
 
     return _printed(above_ideal(*row) for row in rows)
@@ -95,7 +96,7 @@ def warn_records(
     from dcjax.eval.metrics import BASELINES
 
     return warn_above_ideal(
-        (label(r), r["speedup_vs_dense"], r["ideal_speedup"])
+        (label(r), r["speedup_vs_dense"], r["ideal_speedup"], r.get("speedup_vs_dense_se"))
         for r in records
         if "ideal_speedup" in r and r["method"] not in BASELINES
     ) + warn_page_faults((label(r), r.get("page_faults")) for r in records)

@@ -153,6 +153,7 @@ def run(
 
     from dcjax.eval import interleaving, methods
     from dcjax.eval.harness import calibrated
+    from dcjax.eval.metrics import ratio_se
 
     if config is None:
         config = methods.deepcache_config({})
@@ -191,6 +192,7 @@ def run(
                 "step_ms": [round(float(v), 3) for v in step_ms],
                 "speedup_vs_plain": mean["plain"] / mean[m],
                 "speedup_vs_dense": mean["dense"] / mean[m],
+                "speedup_vs_dense_se": ratio_se(times["dense"], times[m]),
                 "page_faults": float(np.mean(faults[m])),
             }  # fmt: skip
             if m.startswith("deepcache"):

@@ -19,12 +19,16 @@ report rely on it). The definitions:
   what it does not reuse). ``speedup_vs_plain`` = ``plain_mean_ms /
   mean_ms`` and ``speedup_vs_dense`` = ``dense_mean_ms / mean_ms``: ratios of
   mean times, what the cache gains over what a user would run without it, and
-  what the cache alone adds.
+  what the cache alone adds. ``speedup_vs_dense_se``: the standard error of
+  ``speedup_vs_dense`` from the paired per-frame times (`ratio_se`; ``None``
+  for fewer than two frames), the run's own noise.
 - ``ideal_speedup`` = ``1 / mean(flops_ratio)``: the speedup a perfect sparse
   kernel with free matching would give over the dense lowering, from the
   FLOPs of convolutions and matrix products computed, every frame counted
   (a still frame skipped whole computes none). ``efficiency`` =
-  ``speedup_vs_dense / ideal_speedup``, at most 1 up to timing noise.
+  ``speedup_vs_dense / ideal_speedup``, at most 1 up to timing noise (a
+  speedup above its ideal beyond `ABOVE_IDEAL_SE` standard errors is warned
+  about: `above_ideal`).
   ``still_fraction``: the fraction of frames the method skipped whole as
   still (0 for methods that never do).
 - Where the time goes: ``refresh_frame_ms`` and ``other_frame_ms``, the mean
@@ -81,6 +85,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "ABOVE_IDEAL_SE",
     "BASELINES",
     "DETECTION_KEYS",
     "FAULTS_WARNED",
@@ -95,6 +100,7 @@ __all__ = [
     "stability",
     "latency_stats",
     "make_record",
+    "ratio_se",
 ]
 
 RECORD_KEYS = (
@@ -113,6 +119,7 @@ RECORD_KEYS = (
     "dense_mean_ms",
     "speedup_vs_plain",
     "speedup_vs_dense",
+    "speedup_vs_dense_se",
     "ideal_speedup",
     "efficiency",
     "still_fraction",
@@ -171,6 +178,24 @@ def latency_stats(ms: Sequence[float]) -> dict[str, float]:
     }
 
 
+def ratio_se(num_ms: Sequence[float], den_ms: Sequence[float]) -> float | None:
+    """The standard error of ``mean(num_ms) / mean(den_ms)`` from paired samples
+    (the same frames): with ``r`` that ratio and ``e = num - r * den`` per
+    frame, ``std(e) / sqrt(n) / mean(den)`` (the delta method; the sample
+    standard deviation). None for fewer than two pairs.
+
+    Raises:
+        ValueError: the sequences differ in length.
+    """
+    num, den = np.asarray(num_ms, np.float64), np.asarray(den_ms, np.float64)
+    if num.shape != den.shape:
+        raise ValueError(f"dcjax: ratio_se got {num.size} and {den.size} paired times")
+    if num.size < 2:
+        return None
+    r = num.mean() / den.mean()
+    return float((num - r * den).std(ddof=1) / math.sqrt(num.size) / den.mean())
+
+
 def _scores(outputs: np.ndarray) -> np.ndarray | None:
     """(T, C) class scores, or None when the output is not a score vector."""
     if outputs.ndim == 3 and outputs.shape[1] == 1:
@@ -221,20 +246,35 @@ def ideal_speedup(flops_ratio: np.ndarray) -> float:
     return 1.0 / max(float(np.mean(np.asarray(flops_ratio, np.float64))), 1e-12)
 
 
-def above_ideal(label: str, speedup: float, ideal: float | None) -> str | None:
+#: How many standard errors of the run's noise (`ratio_se`) a speedup must
+#: exceed its ideal by to be warned about (`above_ideal`): under normal noise
+#: a one-sided false alarm about once in 44 runs.
+ABOVE_IDEAL_SE = 2.0
+
+
+def above_ideal(
+    label: str, speedup: float, ideal: float | None, se: float | None = None
+) -> str | None:
     """A one-line warning when ``speedup`` (a method's ``speedup_vs_dense``)
-    exceeds its ``ideal`` (`ideal_speedup`), else None.
+    exceeds its ``ideal`` (`ideal_speedup`) by more than `ABOVE_IDEAL_SE`
+    times its standard error ``se`` (``speedup_vs_dense_se``; None: by
+    anything), else None.
 
     No kernel computes fewer FLOPs than the ideal counts, so a speedup above it
     says the dense step was slowed by something the method was not (the
     machine, the methods run between them): the run should be repeated
-    before its figures are used.
+    before its figures are used. A step that is the dense step (ideal 1)
+    lands on either side of its ideal by noise alone: that is not warned
+    about.
     """
-    if ideal is None or not speedup > ideal:
+    margin = 0.0 if se is None or not math.isfinite(se) else ABOVE_IDEAL_SE * se
+    if ideal is None or not speedup > ideal + margin:
         return None
+    noise = "" if not margin else f" by more than the run's noise ({ABOVE_IDEAL_SE:g} x {se:.3f})"
     return (
         f"warning: {label} ran {speedup:.2f}x the dense step, above its ideal {ideal:.2f}x "
-        "(the FLOPs it skipped): the dense step was slowed by something else; repeat the run"
+        f"(the FLOPs it skipped){noise}: the dense step was slowed by something else; "
+        "repeat the run"
     )
 
 
@@ -378,6 +418,7 @@ def make_record(
         "dense_mean_ms": dense_ms,
         "speedup_vs_plain": plain[plain_form] / lat["mean_ms"],
         "speedup_vs_dense": speedup_dense,
+        "speedup_vs_dense_se": ratio_se(dense_latencies_ms, latencies_ms),
         "ideal_speedup": float(ideal),
         "efficiency": float(speedup_dense / ideal),
         "still_fraction": float(np.mean(np.asarray(infos["skipped"], bool)))
@@ -414,7 +455,8 @@ def check_record(record: Mapping[str, Any], *, rtol: float = 1e-9) -> None:
     p99_ms``; ``throughput_fps`` equal to ``1000 / mean_ms``; both speedups
     equal to the ratios of the recorded means, ``efficiency`` to
     ``speedup_vs_dense / ideal_speedup``; ``plain_form`` one of
-    `PLAIN_FORMS`; ``ideal_speedup >= 1``; fractions in [0, 1]; ``per_layer``
+    `PLAIN_FORMS`; ``ideal_speedup >= 1``; ``speedup_vs_dense_se`` None or
+    at least 0; fractions in [0, 1]; ``per_layer``
     entries with name, FLOPs and reuse.
     """
     missing = [k for k in RECORD_KEYS if k not in record]
@@ -442,6 +484,9 @@ def check_record(record: Mapping[str, Any], *, rtol: float = 1e-9) -> None:
         raise ValueError(f"dcjax: plain_form {record['plain_form']!r} not in {PLAIN_FORMS}")
     if record["ideal_speedup"] < 1 - 1e-6:
         raise ValueError(f"dcjax: ideal_speedup {record['ideal_speedup']} < 1")
+    se = record["speedup_vs_dense_se"]
+    if se is not None and not se >= 0:
+        raise ValueError(f"dcjax: speedup_vs_dense_se {se} is not a standard error")
     for key in ("top1_agreement", "top5_agreement", "top1_stability", "match_ratio",
                 "still_fraction"):  # fmt: skip
         v = record[key]

@@ -125,6 +125,8 @@ def expand_flags(flags: jax.Array, shape: tuple[int, int], block_size: int) -> j
     its key as planes", "The motion search's mask is expanded by a product").
     """
     h, w = shape
+    if block_size == 1:  # a product would cost (H * W) * W for nothing
+        return jnp.asarray(flags, bool)[:h, :w]
     nby, nbx = flags.shape
     cols = (np.arange(nbx)[:, None] == np.arange(w)[None] // block_size).astype(np.float32)
     wide = flags.astype(jnp.float32) @ cols  # (nby, w)

@@ -168,11 +168,53 @@ def test_latency_stats():
 
 
 @pytest.mark.parametrize(
-    ("speedup", "ideal", "warned"),
-    [(1.58, 1.55, True), (1.55, 1.55, False), (1.2, 1.55, False), (1.3, None, False)],
+    ("speedup", "ideal", "se", "warned"),
+    [
+        (1.58, 1.55, None, True),
+        (1.55, 1.55, None, False),
+        (1.2, 1.55, None, False),
+        (1.3, None, None, False),
+        (1.01, 1.0, 0.01, False),  # a dense step's own noise
+        (1.03, 1.0, 0.01, True),  # beyond two standard errors
+        (1.58, 1.55, float("nan"), True),  # no noise known: any excess
+    ],
 )
-def test_a_speedup_above_its_ideal_is_a_warning(speedup, ideal, warned):
-    note = metrics.above_ideal("deepcache", speedup, ideal)
+def test_a_speedup_above_its_ideal_beyond_the_noise_is_a_warning(speedup, ideal, se, warned):
+    note = metrics.above_ideal("deepcache", speedup, ideal, se)
     assert (note is not None) == warned
     if warned:
         assert "deepcache" in note and f"{speedup:.2f}x" in note and f"{ideal:.2f}x" in note
+
+
+def test_the_ratio_of_paired_means_has_the_standard_error_of_its_spread():
+    """`ratio_se` against two independent figures: with a constant denominator,
+    the standard error of a mean over that constant; and over many simulated
+    runs of paired frames (a frame's load shared by both, noise of their own),
+    the spread of the ratio of means itself."""
+    num = [1.0, 2.0, 3.0, 4.0]
+    assert metrics.ratio_se(num, [2.0] * 4) == pytest.approx(np.std(num, ddof=1) / 2 / 2.0)
+    rng = np.random.default_rng(0)
+    runs, n = 4000, 40
+    shared = rng.gamma(4.0, 2.0, (runs, n))  # the frame's own cost, both methods
+    dense = 50.0 + shared + rng.normal(0, 1.5, (runs, n))
+    cached = 40.0 + 0.8 * shared + rng.normal(0, 2.0, (runs, n))
+    ratios = dense.mean(1) / cached.mean(1)
+    ses = [metrics.ratio_se(d, c) for d, c in zip(dense, cached)]
+    assert np.mean(ses) == pytest.approx(ratios.std(), rel=0.1)
+    assert metrics.ratio_se([1.0], [1.0]) is None
+    with pytest.raises(ValueError, match="paired"):
+        metrics.ratio_se([1.0, 2.0], [1.0])
+
+
+def test_a_record_carries_its_speedups_standard_error():
+    r = _record()
+    dense, lat = [5.0, 5.0, 4.0, 6.0], [4.0, 2.0, 2.0, 6.0]
+    assert r["speedup_vs_dense_se"] == pytest.approx(metrics.ratio_se(dense, lat))
+    assert r["speedup_vs_dense_se"] > 0
+    assert _record(latencies_ms=[4.0], dense_latencies_ms=[5.0], plain_latencies_ms={
+        "args": [6.0]}, outputs=np.zeros((1, 1, 3)), reference=np.zeros((1, 1, 3)),
+        infos={"flops_ratio": np.array([1.0]), "match_ratio": np.array([0.0]),
+               "refreshed": np.array([True]), "reuse_fraction": np.zeros((1, 2))},
+    )["speedup_vs_dense_se"] is None  # fmt: skip
+    with pytest.raises(ValueError, match="standard error"):
+        metrics.check_record({**r, "speedup_vs_dense_se": -0.1})

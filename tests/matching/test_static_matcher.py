@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from skimage import data
 
@@ -94,6 +94,7 @@ def test_bad_arguments():
     cut=st.tuples(st.integers(0, 8), st.integers(0, 8)),
     seed=st.integers(0, 2**16),
 )
+@example(nby=3, nbx=4, block=1, cut=(0, 0), seed=0)  # one-pixel blocks: no product
 def test_the_flags_expansion_equals_the_kronecker_expansion(nby, nbx, block, cut, seed):
     """Flags through a 0/1 product and a repeat of rows (`expand_flags`) are
     the block grid blown up to pixels, cut to frames whose last blocks are

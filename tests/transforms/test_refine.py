@@ -71,6 +71,12 @@ def with_epilogues(params, x):
 
 @pytest.mark.parametrize("model", [two_layers, with_epilogues])
 def test_delta_zero_reproduces_plain_deepcache(model):
+    """With ``delta=0`` the refined step reuses exactly what plain DeepCache
+    does (the same reuse on every layer and frame) and computes the same
+    outputs up to float rounding: the two steps are different programs, and
+    XLA may compile a recomputed tile's products and epilogue differently in
+    each (found 2026-12-07: 4.9e-7 on a few hundred elements of a frame with
+    a change, under the suite's XLA flags)."""
     frames = _photo_stream(6, 0.0, 0.0).copy()
     frames[3:, 5:12, 8:20] = 1.0 - frames[3:, 5:12, 8:20]  # an object appears
     plain = _transform(None, model=model)
@@ -82,7 +88,7 @@ def test_delta_zero_reproduces_plain_deepcache(model):
         oz, sz, iz = zero.step(sz, f)
         np.testing.assert_array_equal(np.asarray(ip["reuse_fraction"]), iz["reuse_fraction"])
         for a, b in zip(op, oz):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("metric", ["max_abs", "rms"])
