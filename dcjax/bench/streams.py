@@ -209,6 +209,8 @@ def run(
 
 
 def _rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+    from dcjax.eval.report import speedup_cell
+
     def ideal(r):
         return f"{r['ideal_speedup']:.2f}x" if "ideal_speedup" in r else "-"
 
@@ -220,7 +222,7 @@ def _rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
             "frames/s": f"{r['throughput_fps']:.1f}",
             "p99 ms": f"{r['p99_ms']:.0f}",
             "vs plain": f"{r['speedup_vs_plain']:.2f}x",
-            "vs dense": f"{r['speedup_vs_dense']:.2f}x",
+            "vs dense": speedup_cell(r["speedup_vs_dense"], r.get("speedup_vs_dense_se")),
             "ideal": ideal(r),
             "still": f"{100 * r['still_fraction']:.0f} %" if "still_fraction" in r else "-",
         }  # fmt: skip

@@ -85,8 +85,9 @@ COLUMNS_NOTE = (
     "mean ms and fps over every frame (refresh and still frames included), matching "
     "included; vs plain / vs dense: ratios of mean times against jax.jit(model.apply) in "
     "its faster form (plain) and dcjax's own dense lowering (nocache), timed on the same "
-    "frames, interleaved; ideal = 1 / FLOPs fraction computed (still frames compute none); "
-    "still = frames skipped whole."
+    "frames, interleaved (vs dense ± its standard error from the paired frames); "
+    "ideal = 1 / FLOPs fraction computed (still frames compute none); still = frames "
+    "skipped whole."
 )
 
 

@@ -29,6 +29,7 @@ from dcjax.eval.metrics import BASELINES
 __all__ = [
     "SHORT_COLUMNS",
     "computed_cells",
+    "speedup_cell",
     "standard_figures",
     "summary_rows",
     "write_report",
@@ -58,6 +59,13 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
     return str(value)
 
 
+def speedup_cell(speedup: float, se: float | None) -> str:
+    """A speedup as ``"1.23x"``, with its standard error where one is known
+    and not zero (a baseline against itself): ``"1.23x ±0.02"``."""
+    cell = f"{speedup:.2f}x"
+    return cell if not se else f"{cell} ±{se:.2f}"
+
+
 def summary_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     """One row of formatted cells per record (also used by the CLI's table)."""
     rows = []
@@ -73,7 +81,7 @@ def summary_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
             "p99 ms": _fmt(r["p99_ms"], ".1f"),
             "vs plain": _fmt(r["speedup_vs_plain"], ".2f") + "x",
             "plain form": r["plain_form"],
-            "vs dense": _fmt(r["speedup_vs_dense"], ".2f") + "x",
+            "vs dense": speedup_cell(r["speedup_vs_dense"], r.get("speedup_vs_dense_se")),
             "ideal": _fmt(r["ideal_speedup"], ".2f") + "x",
             "efficiency": _fmt(r["efficiency"], ".2f"),
             "still": f"{100 * r['still_fraction']:.0f}%",
@@ -257,8 +265,9 @@ methods interleaved frame by frame in one process; fps = frames over their total
 "vs plain" = mean time of the plain model, <code>jax.jit(model.apply)</code> in its faster
 form (variables as arguments or closed over as constants, "plain form") / the method's;
 "vs dense" = mean time of dcjax's own dense lowering (<code>nocache</code>) / the
-method's. Ideal = 1 / mean fraction of convolution and matrix-product FLOPs computed,
-still frames counting as none; efficiency = vs dense / ideal; "still" = frames skipped
+method's, &plusmn; its standard error from the paired per-frame times. Ideal = 1 /
+mean fraction of convolution and matrix-product FLOPs computed, still frames counting
+as none; efficiency = vs dense / ideal; "still" = frames skipped
 whole as still. Agreement is with the <code>nocache</code> output on the same frames.
 Where the time goes: "refresh ms" and "other-frame ms" are the mean times of the frames
 recomputed in full and of the others; "static-frame ms" is the mean time of a frame
