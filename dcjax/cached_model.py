@@ -332,12 +332,14 @@ class CachedModel:
         """`step` where nothing is reused, matched or skipped (`bare`): the dense
         lowering of the model, and the info of a frame computed in full. What
         does not depend on the frame is made once: each output of a jitted
-        call costs its dispatch."""
+        call costs its dispatch. ``nonfinite`` is an output whatever the
+        frame's dtype (a constant for integer frames): without an output
+        beside the model's, XLA:CPU ran CenterFace's program about 0.9 ms a
+        frame slower (docs/performance-notes.md, "The bare step returns
+        `nonfinite` beside the model's outputs")."""
         x = self._step.prepare(frame)
         outs = dense_forward(self._analysis, leaves, x[None], self.lowerings)
         output = jax.tree_util.tree_unflatten(self._traced.out_tree, outs)
-        if not jnp.issubdtype(frame.dtype, jnp.floating):
-            return output, {}
         return output, {"nonfinite": ~frame_finite(frame)}
 
     @functools.cached_property

@@ -497,6 +497,7 @@ def test_the_nocache_plan_steps_the_dense_lowering_alone(model):
             assert np.shape(info[k]) == np.shape(full_info[k]), k
             assert np.asarray(info[k]).dtype == np.asarray(full_info[k]).dtype, k
         assert bool(info["refreshed"]) and not bool(info["skipped"])
+        assert not bool(info["nonfinite"])  # computed in the program, for integer frames too
         assert float(info["flops_ratio"]) == 1.0
         np.testing.assert_array_equal(np.asarray(info["reuse_fraction"]), 0.0)
     outs, _, _ = bare.run(_frames(4))  # the scan keeps the full step
