@@ -209,7 +209,7 @@ def run(
 
 
 def _rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
-    from dcjax.eval.report import speedup_cell
+    from dcjax.eval.metrics import speedup_cell
 
     def ideal(r):
         return f"{r['ideal_speedup']:.2f}x" if "ideal_speedup" in r else "-"

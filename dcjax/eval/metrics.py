@@ -101,6 +101,7 @@ __all__ = [
     "latency_stats",
     "make_record",
     "ratio_se",
+    "speedup_cell",
 ]
 
 RECORD_KEYS = (
@@ -194,6 +195,13 @@ def ratio_se(num_ms: Sequence[float], den_ms: Sequence[float]) -> float | None:
         return None
     r = num.mean() / den.mean()
     return float((num - r * den).std(ddof=1) / math.sqrt(num.size) / den.mean())
+
+
+def speedup_cell(speedup: float, se: float | None) -> str:
+    """A speedup as a table cell, ``"1.23x"``, with its standard error where
+    one is known and not zero (a baseline against itself): ``"1.23x ±0.02"``."""
+    cell = f"{speedup:.2f}x"
+    return cell if not se else f"{cell} ±{se:.2f}"
 
 
 def _scores(outputs: np.ndarray) -> np.ndarray | None:

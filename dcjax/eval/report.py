@@ -24,12 +24,11 @@ from matplotlib.figure import Figure
 
 from dcjax.eval import plots
 from dcjax.eval import profile as profile_lib
-from dcjax.eval.metrics import BASELINES
+from dcjax.eval.metrics import BASELINES, speedup_cell
 
 __all__ = [
     "SHORT_COLUMNS",
     "computed_cells",
-    "speedup_cell",
     "standard_figures",
     "summary_rows",
     "write_report",
@@ -57,13 +56,6 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
     if isinstance(value, float):
         return format(value, spec)
     return str(value)
-
-
-def speedup_cell(speedup: float, se: float | None) -> str:
-    """A speedup as ``"1.23x"``, with its standard error where one is known
-    and not zero (a baseline against itself): ``"1.23x ±0.02"``."""
-    cell = f"{speedup:.2f}x"
-    return cell if not se else f"{cell} ±{se:.2f}"
 
 
 def summary_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:

@@ -218,3 +218,11 @@ def test_a_record_carries_its_speedups_standard_error():
     )["speedup_vs_dense_se"] is None  # fmt: skip
     with pytest.raises(ValueError, match="standard error"):
         metrics.check_record({**r, "speedup_vs_dense_se": -0.1})
+
+
+@pytest.mark.parametrize(
+    ("speedup", "se", "cell"),
+    [(0.97877, 0.02315, "0.98x ±0.02"), (1.0, 0.0, "1.00x"), (1.5, None, "1.50x")],
+)
+def test_a_speedup_cell_carries_its_standard_error(speedup, se, cell):
+    assert metrics.speedup_cell(speedup, se) == cell

@@ -151,14 +151,6 @@ def test_per_layer_table_says_how_each_layer_was_computed():
     assert report.computed_cells(plain) == [{}, {}, {}]
 
 
-@pytest.mark.parametrize(
-    ("speedup", "se", "cell"),
-    [(0.97877, 0.02315, "0.98x ±0.02"), (1.0, 0.0, "1.00x"), (1.5, None, "1.50x")],
-)
-def test_a_speedup_cell_carries_its_standard_error(speedup, se, cell):
-    assert report.speedup_cell(speedup, se) == cell
-
-
 def test_the_summary_gives_each_methods_speedup_with_its_standard_error(bench_result):
     records, _ = bench_result
     rows = report.summary_rows(records)
