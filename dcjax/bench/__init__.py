@@ -15,6 +15,8 @@ Each program is a module here with ``main(argv) -> int`` (its own options,
   cache memory;
 - `dcjax.bench.semantic`: semantic early exits (tau sweep, exit rates, exit ceiling);
 - `dcjax.bench.ceiling`: ideal speedup against fidelity with every reuse taken;
+- `dcjax.bench.floor`: what a cached step costs where almost nothing changes,
+  and the speedup over the dense step no clip can pass on this machine;
 - `dcjax.bench.streams`: many streams at once (`dcjax.streams`): throughput,
   mean and p99 times and speedups by number of streams;
 - `dcjax.bench.layers`: the layer cache across models (`dcjax.layercache`):
@@ -39,6 +41,7 @@ PROGRAMS: dict[str, str] = {
     "zoo": "the model zoo: parameters, FLOPs, latency, cache memory",
     "semantic": "semantic exits: tau sweep, exit rates, exit ceiling",
     "ceiling": "ideal speedup against fidelity with every reuse taken",
+    "floor": "a cached step's cost where almost nothing changes: the speedup no clip passes",
     "streams": "many streams at once: throughput, mean and p99 by number of streams",
     "layers": "the layer cache across models: load and run modes, similar networks, memory",
 }

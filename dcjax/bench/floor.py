@@ -1,0 +1,261 @@
+"""The cost floor of a cached step: ``dcjax bench floor``.
+
+    dcjax bench floor --model centerface --video vtest.avi --native \\
+        --methods deepcache+refine:delta=0.01,max_pixel_change=0.1
+
+A cached step pays on every frame it computes, whatever changed: the
+matcher, the masks, each sparse layer's tile lists, gathers and scatters,
+the layers it computes in full, and the dispatch of its operations. This
+program measures that cost where almost nothing changes: one frame of the
+video, with a small square inverted at a place that moves every frame
+(`near_still`), so that each frame differs from the one before in two
+squares and the still-frame skip never applies. The methods, dcjax's dense
+step and plain ``jax.jit`` step over the same frames, interleaved
+(`dcjax.eval.harness.evaluate`). Per method (`floor_summary`):
+
+- ``floor_ms``: the mean step time over the frames not refreshed, and
+  ``floor_flops_ratio``: the FLOPs those frames computed, against a full
+  recompute (``floor_ideal``: its inverse);
+- ``ceiling``: the dense step's mean over the same frames / ``floor_ms``,
+  with its standard error (`dcjax.eval.metrics.ratio_se`). No clip takes the
+  method further beside the dense step on this machine: a clip that changes
+  more computes more on top of the floor;
+- ``refresh_ms``: the mean time of the refreshed frames; the record's
+  ``speedup_vs_dense`` is the clip's mean, refreshes included.
+
+A plan that recomputes every frame (the race's ``nocache``) has no floor
+frames: its floor is the dense step's.
+
+The records (those of ``dcjax bench``, with the fields above added) are
+written as JSON (``bench-results/floor.json`` by default).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dcjax.bench.arguments import (
+    at_least,
+    check_input_size,
+    check_method,
+    check_model,
+    check_output,
+    check_video,
+    frame_size,
+    input_size,
+    message,
+    method_errors,
+    nonnegative_int,
+    program_parser,
+    width,
+)
+from dcjax.bench.common import load_clip, load_spec, machine, table, warn_records, write_json
+from dcjax.eval import metrics
+
+__all__ = ["DEFAULT_METHODS", "FLOOR_KEYS", "floor_summary", "main", "near_still", "square_at"]
+
+#: What the program measures when no ``--methods`` are given: the demo's method.
+DEFAULT_METHODS = ("deepcache+refine:delta=0.01,max_pixel_change=0.1",)
+
+#: The fields `floor_summary` adds to a record.
+FLOOR_KEYS = (
+    "floor_frames",
+    "floor_ms",
+    "floor_dense_ms",
+    "ceiling",
+    "ceiling_se",
+    "floor_flops_ratio",
+    "floor_ideal",
+    "refresh_ms",
+    "refresh_share",
+)
+
+
+def near_still(frame: np.ndarray, count: int, size: int) -> np.ndarray:
+    """``count`` frames of ``frame``: the first as it is, each later one with
+    a ``size`` x ``size`` square inverted (``255 - x``) at a place of its own,
+    so that frame ``t`` differs from frame ``t - 1`` inside the squares of
+    both and nowhere else. The squares step across the frame by about a third
+    of it along each axis (`square_at`): consecutive squares never overlap.
+
+    Raises:
+        ValueError: ``frame`` is not a uint8 ``(H, W, C)`` array, ``count`` is
+            under 2, or the square does not fit three times across the frame.
+    """
+    frame = np.asarray(frame)
+    if frame.ndim != 3 or frame.dtype != np.uint8:
+        raise ValueError(
+            f"dcjax: near_still needs a uint8 (H, W, C) frame, got {frame.dtype} {frame.shape}"
+        )
+    if count < 2:
+        raise ValueError(f"dcjax: near_still needs at least 2 frames, got {count}")
+    h, w = frame.shape[:2]
+    if size < 1 or 3 * size > min(h, w):
+        raise ValueError(
+            f"dcjax: a square of {size} pixels does not fit three times across a "
+            f"{h}x{w} frame; take a size from 1 to {min(h, w) // 3}"
+        )
+    out = np.repeat(frame[None], count, axis=0)
+    for t in range(1, count):
+        y, x = square_at(t, size, (h, w))
+        out[t, y : y + size, x : x + size] = 255 - out[t, y : y + size, x : x + size]
+    return out
+
+
+def square_at(t: int, size: int, shape: Sequence[int]) -> tuple[int, int]:
+    """The top-left corner of `near_still`'s square in frame ``t`` (t >= 1):
+    the places ``size`` pixels apart along each axis, stepped through by a
+    stride coprime with their count and at least a third of it, so that the
+    corners of consecutive squares are at least ``size`` pixels apart on both
+    axes."""
+    corner = []
+    for extent in shape[:2]:
+        places = (extent - size) // size + 1  # corners 0, size, 2 size, ... that fit
+        stride = next(s for s in range(max(1, places // 3), places + 1) if np.gcd(s, places) == 1)
+        corner.append(((t - 1) * stride) % places * size)
+    return corner[0], corner[1]
+
+
+def floor_summary(
+    latencies_ms: Sequence[float],
+    dense_latencies_ms: Sequence[float],
+    infos: Mapping[str, np.ndarray],
+) -> dict[str, Any]:
+    """The `FLOOR_KEYS` of one method, from its per-frame step times, the dense
+    step's over the same frames, and its per-frame infos (``refreshed``,
+    ``flops_ratio``, and ``skipped`` where it has it).
+
+    The floor frames are those neither refreshed nor skipped; where there are
+    none (a method that recomputes every frame), ``floor_frames`` is 0 and the
+    floor fields are None.
+    """
+    ms = np.asarray(latencies_ms, np.float64)
+    dense = np.asarray(dense_latencies_ms, np.float64)
+    if ms.shape != dense.shape or ms.ndim != 1:
+        raise ValueError(
+            f"dcjax: floor_summary needs per-frame times of the same frames, got {ms.shape} "
+            f"and {dense.shape}"
+        )
+    refreshed = np.asarray(infos["refreshed"], bool).reshape(-1)
+    skipped = np.asarray(infos.get("skipped", np.zeros_like(refreshed)), bool).reshape(-1)
+    floor = ~refreshed & ~skipped
+    share = float(refreshed.mean())
+    refresh_ms = float(ms[refreshed].mean()) if refreshed.any() else None
+    out: dict[str, Any] = dict.fromkeys(FLOOR_KEYS)
+    out.update(floor_frames=int(floor.sum()), refresh_ms=refresh_ms, refresh_share=share)
+    if not floor.any():
+        return out
+    floor_ms = float(ms[floor].mean())
+    dense_ms = float(dense[floor].mean())
+    ratio = np.asarray(infos["flops_ratio"], np.float64).reshape(-1)[floor]
+    flops = float(ratio.mean()) if np.isfinite(ratio).all() else None
+    out.update(
+        floor_ms=floor_ms,
+        floor_dense_ms=dense_ms,
+        ceiling=dense_ms / floor_ms,
+        ceiling_se=metrics.ratio_se(dense[floor], ms[floor]),
+        floor_flops_ratio=flops,
+        floor_ideal=None if not flops else 1.0 / flops,
+    )
+    return out
+
+
+def _cell(x: float | None, spec: str, unit: str = "") -> str:
+    return "-" if x is None else format(x, spec) + unit
+
+
+def _rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """The printed table's rows: the methods, not the baselines."""
+    return [
+        {
+            "method": r["variant"],
+            "plan": str(r["config"].get("plan", "-")),
+            "floor ms": _cell(r["floor_ms"], ".1f"),
+            "dense ms": _cell(r["floor_dense_ms"], ".1f"),
+            "ceiling": "-"
+            if r["ceiling"] is None
+            else metrics.speedup_cell(r["ceiling"], r["ceiling_se"]),
+            "ideal": _cell(r["floor_ideal"], ".1f", "x"),
+            "refresh ms": _cell(r["refresh_ms"], ".1f"),
+            "mean": metrics.speedup_cell(r["speedup_vs_dense"], r["speedup_vs_dense_se"]),
+        }
+        for r in records
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``dcjax bench floor``; returns the exit status (bad arguments exit with status 2)."""
+    ap = program_parser("floor", __doc__)
+    ap.add_argument("--model", default="centerface", help="zoo model (default centerface)")
+    ap.add_argument("--video", default="vtest", help="video file or bundled clip name")
+    ap.add_argument("--start", type=nonnegative_int, default=0,
+                    help="the frame the clip is made of (default 0)")  # fmt: skip
+    ap.add_argument("--frames", type=at_least(3), default=40,
+                    help="frames stepped and timed (default 40)")  # fmt: skip
+    ap.add_argument("--square", type=at_least(1), default=16,
+                    help="side of the square inverted in each frame (default 16)")  # fmt: skip
+    ap.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
+                    help="method specs (default: the demo's)")  # fmt: skip
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--size", type=frame_size, metavar="HxW", help="run at this frame size")
+    size.add_argument("--native", action="store_true", help="run at the video's own size")
+    ap.add_argument("--pretrained", choices=("auto", "yes", "no"), default="auto",
+                    help="real weights where the zoo has them (auto)")  # fmt: skip
+    ap.add_argument("--width", type=width, default=1.0, help="channel multiplier of zoo models")
+    ap.add_argument("--json", default=os.path.join("bench-results", "floor.json"))
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = ap.parse_args(argv)
+    from dcjax import models
+    from dcjax.eval import harness
+
+    check_model(ap, "--model", args.model)
+    for m in args.methods:
+        check_method(ap, "--methods", m)
+    path = check_video(ap, "--video", args.video, args.start, need=1)
+    check_output(ap, "--json", args.json)
+    hw = input_size(args, path)
+    if hw is not None:
+        check_input_size(ap, "--size", args.model, hw, width=args.width)
+    has = models.has_weights(args.model) and args.width == 1.0
+    if args.pretrained == "yes" and not has:
+        ap.error(f"argument --pretrained: no pretrained weights for {args.model} at this width")
+    spec, pretrained = load_spec(
+        args.model, pretrained=args.pretrained == "yes" or (args.pretrained == "auto" and has),
+        width=args.width, fps=30.0, input_size=hw,
+    )  # fmt: skip
+    base = np.asarray(load_clip(path, spec.frame_shape, frames=1, start=args.start))[0]
+    try:
+        frames = near_still(base, args.frames, args.square)
+    except ValueError as e:
+        ap.error(f"argument --square: {message(e)}")
+    h, w = spec.frame_shape[:2]
+    print(f"{'pretrained' if pretrained else 'random-weight'} {args.model} at {h}x{w}: frame "
+          f"{args.start} of {args.video}, a {args.square}-pixel square inverted at a new place "
+          f"in each of {args.frames} frames")  # fmt: skip
+    with method_errors(ap, "--methods"):
+        ev = harness.evaluate(spec, frames, args.methods, video_label=args.video,
+                              progress=not args.no_progress)  # fmt: skip
+    dense = ev.latencies_ms["nocache"]
+    records = []
+    for r in ev.records:
+        if r["method"] in metrics.BASELINES:
+            continue
+        r.update(floor_summary(ev.latencies_ms[r["variant"]], dense, ev.infos[r["variant"]]))
+        r.update(start=args.start, square=args.square, pretrained=bool(pretrained))
+        records.append(r)
+    print(table(_rows(records)))
+    print("floor: mean ms of the frames not refreshed; ceiling: the dense step's mean on those "
+          "frames / floor; ideal: 1 / their FLOP ratio; mean: the clip's speedup over the dense "
+          "step, refreshes included")  # fmt: skip
+    for r in records:
+        if not r["floor_frames"]:
+            print(f"{r['variant']} recomputed every frame (plan {r['config'].get('plan', '-')}): "
+                  "its floor is the dense step's")  # fmt: skip
+    warn_records(records, lambda r: r["variant"])
+    write_json(args.json, {"machine": machine(), "records": records})
+    print(f"records: {args.json}")
+    return 0
