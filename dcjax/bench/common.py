@@ -30,6 +30,7 @@ from typing import Any
 from dcjax.bench.arguments import message
 
 __all__ = [
+    "DEMO_METHOD",
     "Timed",
     "Timing",
     "load_clip",
@@ -44,6 +45,14 @@ __all__ = [
     "warn_truncated",
     "write_json",
 ]
+
+#: What ``dcjax demo`` compares with the dense step: DeepCache with refinement
+#: at its strictest measured setting and the per-pixel cap on reused blocks,
+#: the best box F1 and heat-map error among the settings as fast as plain
+#: DeepCache on CenterFace over vtest.avi (docs/benchmarks.md, 2026-11-29), and
+#: on the bundled clip ahead of the cap in squares (docs/performance-notes.md,
+#: "Isolated pixels over the cap (pixel_change_size)").
+DEMO_METHOD = "deepcache+refine:delta=0.01,max_pixel_change=0.1"
 
 
 # --- frames -----------------------------------------------------------------------------

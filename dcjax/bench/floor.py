@@ -17,17 +17,22 @@ step and plain ``jax.jit`` step over the same frames, interleaved
   ``floor_flops_ratio``: the FLOPs those frames computed, against a full
   recompute (``floor_ideal``: its inverse);
 - ``ceiling``: the dense step's mean over the same frames / ``floor_ms``,
-  with its standard error (`dcjax.eval.metrics.ratio_se`). No clip takes the
-  method further beside the dense step on this machine: a clip that changes
-  more computes more on top of the floor;
-- ``refresh_ms``: the mean time of the refreshed frames; the record's
-  ``speedup_vs_dense`` is the clip's mean, refreshes included.
+  with its standard error (`dcjax.eval.metrics.ratio_se`). No clip in which
+  every frame changes at least this much takes the method further beside the
+  dense step on this machine: it computes more on top of the floor. (Still
+  frames, which the step skips, and changes the matcher lets pass cost less.)
+
+The record's ``refresh_frame_ms`` is the refreshed frames' mean time and
+``speedup_vs_dense`` the clip's, refreshes included; ``step_ms``,
+``dense_step_ms`` and ``refreshed`` are the per-frame figures the floor is
+taken from.
 
 A plan that recomputes every frame (the race's ``nocache``) has no floor
 frames: its floor is the dense step's.
 
-The records (those of ``dcjax bench``, with the fields above added) are
-written as JSON (``bench-results/floor.json`` by default).
+The records (those of ``dcjax bench``, with the fields above, ``clip``
+(``"near_still"``), ``start`` and ``square`` added) are written as JSON
+(``bench-results/floor.json`` by default).
 """
 
 from __future__ import annotations
@@ -53,13 +58,21 @@ from dcjax.bench.arguments import (
     program_parser,
     width,
 )
-from dcjax.bench.common import load_clip, load_spec, machine, table, warn_records, write_json
+from dcjax.bench.common import (
+    DEMO_METHOD,
+    load_clip,
+    load_spec,
+    machine,
+    table,
+    warn_records,
+    write_json,
+)
 from dcjax.eval import metrics
 
 __all__ = ["DEFAULT_METHODS", "FLOOR_KEYS", "floor_summary", "main", "near_still", "square_at"]
 
 #: What the program measures when no ``--methods`` are given: the demo's method.
-DEFAULT_METHODS = ("deepcache+refine:delta=0.01,max_pixel_change=0.1",)
+DEFAULT_METHODS = (DEMO_METHOD,)
 
 #: The fields `floor_summary` adds to a record.
 FLOOR_KEYS = (
@@ -70,17 +83,15 @@ FLOOR_KEYS = (
     "ceiling_se",
     "floor_flops_ratio",
     "floor_ideal",
-    "refresh_ms",
-    "refresh_share",
 )
 
 
 def near_still(frame: np.ndarray, count: int, size: int) -> np.ndarray:
     """``count`` frames of ``frame``: the first as it is, each later one with
-    a ``size`` x ``size`` square inverted (``255 - x``) at a place of its own,
-    so that frame ``t`` differs from frame ``t - 1`` inside the squares of
-    both and nowhere else. The squares step across the frame by about a third
-    of it along each axis (`square_at`): consecutive squares never overlap.
+    a ``size`` x ``size`` square inverted (``255 - x``) at a place of its own
+    (`square_at`), so that frame 1 differs from frame 0 inside its square and
+    each later frame from the one before inside the squares of both, and
+    nowhere else: consecutive squares never overlap.
 
     Raises:
         ValueError: ``frame`` is not a uint8 ``(H, W, C)`` array, ``count`` is
@@ -107,11 +118,12 @@ def near_still(frame: np.ndarray, count: int, size: int) -> np.ndarray:
 
 
 def square_at(t: int, size: int, shape: Sequence[int]) -> tuple[int, int]:
-    """The top-left corner of `near_still`'s square in frame ``t`` (t >= 1):
-    the places ``size`` pixels apart along each axis, stepped through by a
-    stride coprime with their count and at least a third of it, so that the
-    corners of consecutive squares are at least ``size`` pixels apart on both
-    axes."""
+    """The top-left corner of `near_still`'s square in frame ``t`` (t >= 1),
+    for a frame of ``shape`` (H, W, ...) at least three squares across: along
+    each axis, the places ``size`` pixels apart (at least three), stepped
+    through by the smallest stride from a third of their count up that is
+    coprime with it, so that every place comes round and the corners of
+    consecutive squares are at least ``size`` pixels apart on both axes."""
     corner = []
     for extent in shape[:2]:
         places = (extent - size) // size + 1  # corners 0, size, 2 size, ... that fit
@@ -131,7 +143,10 @@ def floor_summary(
 
     The floor frames are those neither refreshed nor skipped; where there are
     none (a method that recomputes every frame), ``floor_frames`` is 0 and the
-    floor fields are None.
+    other fields are None.
+
+    Raises:
+        ValueError: the times or the infos are not of the same frames.
     """
     ms = np.asarray(latencies_ms, np.float64)
     dense = np.asarray(dense_latencies_ms, np.float64)
@@ -142,11 +157,13 @@ def floor_summary(
         )
     refreshed = np.asarray(infos["refreshed"], bool).reshape(-1)
     skipped = np.asarray(infos.get("skipped", np.zeros_like(refreshed)), bool).reshape(-1)
+    if refreshed.shape != ms.shape or skipped.shape != ms.shape:
+        raise ValueError(
+            f"dcjax: floor_summary got {ms.size} frame times and infos of {refreshed.size}"
+        )
     floor = ~refreshed & ~skipped
-    share = float(refreshed.mean())
-    refresh_ms = float(ms[refreshed].mean()) if refreshed.any() else None
     out: dict[str, Any] = dict.fromkeys(FLOOR_KEYS)
-    out.update(floor_frames=int(floor.sum()), refresh_ms=refresh_ms, refresh_share=share)
+    out["floor_frames"] = int(floor.sum())
     if not floor.any():
         return out
     floor_ms = float(ms[floor].mean())
@@ -180,10 +197,20 @@ def _rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
             if r["ceiling"] is None
             else metrics.speedup_cell(r["ceiling"], r["ceiling_se"]),
             "ideal": _cell(r["floor_ideal"], ".1f", "x"),
-            "refresh ms": _cell(r["refresh_ms"], ".1f"),
+            "refresh ms": _cell(r["refresh_frame_ms"], ".1f"),
             "mean": metrics.speedup_cell(r["speedup_vs_dense"], r["speedup_vs_dense_se"]),
         }
         for r in records
+    ]
+
+
+def _notes(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A line for each method with no floor frames: its plan recomputed every frame."""
+    return [
+        f"{r['variant']} recomputed every frame (plan {r['config'].get('plan', '-')}): its "
+        "floor is the dense step's"
+        for r in records
+        if not r["floor_frames"]
     ]
 
 
@@ -209,12 +236,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", default=os.path.join("bench-results", "floor.json"))
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = ap.parse_args(argv)
-    from dcjax import models
-    from dcjax.eval import harness
+    from dcjax import models, video
+    from dcjax.eval import harness, registry
 
     check_model(ap, "--model", args.model)
     for m in args.methods:
         check_method(ap, "--methods", m)
+    if all(registry.parse_method(m)[0] in metrics.BASELINES for m in args.methods):
+        ap.error(f"argument --methods: {' and '.join(metrics.BASELINES)} always run as the "
+                 "baselines; name a method to measure, e.g. deepcache")  # fmt: skip
     path = check_video(ap, "--video", args.video, args.start, need=1)
     check_output(ap, "--json", args.json)
     hw = input_size(args, path)
@@ -225,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"argument --pretrained: no pretrained weights for {args.model} at this width")
     spec, pretrained = load_spec(
         args.model, pretrained=args.pretrained == "yes" or (args.pretrained == "auto" and has),
-        width=args.width, fps=30.0, input_size=hw,
+        width=args.width, fps=video.info(path).fps or 10.0, input_size=hw,
     )  # fmt: skip
     base = np.asarray(load_clip(path, spec.frame_shape, frames=1, start=args.start))[0]
     try:
@@ -244,17 +274,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in ev.records:
         if r["method"] in metrics.BASELINES:
             continue
-        r.update(floor_summary(ev.latencies_ms[r["variant"]], dense, ev.infos[r["variant"]]))
-        r.update(start=args.start, square=args.square, pretrained=bool(pretrained))
+        ms, infos = ev.latencies_ms[r["variant"]], ev.infos[r["variant"]]
+        r.update(floor_summary(ms, dense, infos))
+        r.update(
+            clip="near_still", start=args.start, square=args.square, pretrained=bool(pretrained),
+            step_ms=[float(x) for x in ms], dense_step_ms=[float(x) for x in dense],
+            refreshed=[bool(x) for x in np.asarray(infos["refreshed"]).reshape(-1)],
+        )  # fmt: skip
         records.append(r)
     print(table(_rows(records)))
     print("floor: mean ms of the frames not refreshed; ceiling: the dense step's mean on those "
           "frames / floor; ideal: 1 / their FLOP ratio; mean: the clip's speedup over the dense "
           "step, refreshes included")  # fmt: skip
-    for r in records:
-        if not r["floor_frames"]:
-            print(f"{r['variant']} recomputed every frame (plan {r['config'].get('plan', '-')}): "
-                  "its floor is the dense step's")  # fmt: skip
+    for line in _notes(records):
+        print(line)
     warn_records(records, lambda r: r["variant"])
     write_json(args.json, {"machine": machine(), "records": records})
     print(f"records: {args.json}")

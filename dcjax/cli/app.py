@@ -17,20 +17,15 @@ import sys
 from collections.abc import Sequence
 
 from dcjax import allocator
-from dcjax.bench import PROGRAMS, arguments
+from dcjax.bench import PROGRAMS, arguments, common
 
 __all__ = ["COMPILATION_CACHE_MAX_BYTES", "build_parser", "compilation_cache_dir", "main"]
 
 #: Size past which the command's compilation cache drops its least recently used programs.
 COMPILATION_CACHE_MAX_BYTES = 2 << 30
 
-#: What ``dcjax demo`` compares with the dense step: DeepCache with refinement
-#: at its strictest measured setting and the per-pixel cap on reused blocks,
-#: the best box F1 and heat-map error among the settings as fast as plain
-#: DeepCache on CenterFace over vtest.avi (docs/benchmarks.md, 2026-11-29), and
-#: on the bundled clip ahead of the cap in squares (docs/performance-notes.md,
-#: "Isolated pixels over the cap (pixel_change_size)").
-DEMO_METHOD = "deepcache+refine:delta=0.01,max_pixel_change=0.1"
+#: What ``dcjax demo`` compares with the dense step (`dcjax.bench.common.DEMO_METHOD`).
+DEMO_METHOD = common.DEMO_METHOD
 
 
 def _add_size_args(p: argparse.ArgumentParser) -> None:
