@@ -17,6 +17,7 @@ Everything that imports JAX, a model or a video does so when called, so that
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -27,15 +28,17 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from dcjax.bench.arguments import message
+from dcjax.bench.arguments import check_input_size, frame_size, input_size, message, width
 
 __all__ = [
     "DEMO_METHOD",
     "Timed",
     "Timing",
+    "add_model_args",
     "load_clip",
     "load_spec",
     "machine",
+    "model_from_args",
     "progress",
     "table",
     "time_interleaved",
@@ -144,6 +147,38 @@ def load_spec(
         print(f"dcjax: pretrained {name} unavailable ({type(e).__name__}: {e}); "
               "using random weights", file=sys.stderr)  # fmt: skip
         return model_spec(name, pretrained=False, **kwargs), False
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The options of a program's one zoo model that `model_from_args` reads:
+    ``--size HxW`` or ``--native``, ``--pretrained`` and ``--width``."""
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--size", type=frame_size, metavar="HxW", help="run at this frame size")
+    size.add_argument("--native", action="store_true", help="run at the video's own size")
+    parser.add_argument("--pretrained", choices=("auto", "yes", "no"), default="auto",
+                        help="real weights where the zoo has them (auto)")  # fmt: skip
+    parser.add_argument("--width", type=width, default=1.0,
+                        help="channel multiplier of zoo models")  # fmt: skip
+
+
+def model_from_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, path: str, *, fps: float = 10.0
+):
+    """The zoo model ``args.model`` built as `add_model_args`'s options say, for
+    the video at ``path`` (`load_spec`), and whether its weights are
+    pretrained. A size the model cannot take, or ``--pretrained yes`` where
+    the zoo has no weights at this width, is a one-line error naming the
+    argument (exit status 2)."""
+    from dcjax import models
+
+    hw = input_size(args, path)
+    if hw is not None:
+        check_input_size(parser, "--size", args.model, hw, width=args.width)
+    has = models.has_weights(args.model) and args.width == 1.0
+    if args.pretrained == "yes" and not has:
+        parser.error(f"argument --pretrained: no pretrained weights for {args.model} at this width")
+    want = args.pretrained == "yes" or (args.pretrained == "auto" and has)
+    return load_spec(args.model, pretrained=want, width=args.width, fps=fps, input_size=hw)
 
 
 # --- output -----------------------------------------------------------------------------

@@ -45,24 +45,21 @@ import numpy as np
 
 from dcjax.bench.arguments import (
     at_least,
-    check_input_size,
     check_method,
     check_model,
     check_output,
     check_video,
-    frame_size,
-    input_size,
     message,
     method_errors,
     nonnegative_int,
     program_parser,
-    width,
 )
 from dcjax.bench.common import (
     DEMO_METHOD,
+    add_model_args,
     load_clip,
-    load_spec,
     machine,
+    model_from_args,
     table,
     warn_records,
     write_json,
@@ -227,16 +224,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="side of the square inverted in each frame (default 16)")  # fmt: skip
     ap.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
                     help="method specs (default: the demo's)")  # fmt: skip
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--size", type=frame_size, metavar="HxW", help="run at this frame size")
-    size.add_argument("--native", action="store_true", help="run at the video's own size")
-    ap.add_argument("--pretrained", choices=("auto", "yes", "no"), default="auto",
-                    help="real weights where the zoo has them (auto)")  # fmt: skip
-    ap.add_argument("--width", type=width, default=1.0, help="channel multiplier of zoo models")
+    add_model_args(ap)
     ap.add_argument("--json", default=os.path.join("bench-results", "floor.json"))
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = ap.parse_args(argv)
-    from dcjax import models, video
+    from dcjax import video
     from dcjax.eval import harness, registry
 
     check_model(ap, "--model", args.model)
@@ -247,16 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "baselines; name a method to measure, e.g. deepcache")  # fmt: skip
     path = check_video(ap, "--video", args.video, args.start, need=1)
     check_output(ap, "--json", args.json)
-    hw = input_size(args, path)
-    if hw is not None:
-        check_input_size(ap, "--size", args.model, hw, width=args.width)
-    has = models.has_weights(args.model) and args.width == 1.0
-    if args.pretrained == "yes" and not has:
-        ap.error(f"argument --pretrained: no pretrained weights for {args.model} at this width")
-    spec, pretrained = load_spec(
-        args.model, pretrained=args.pretrained == "yes" or (args.pretrained == "auto" and has),
-        width=args.width, fps=video.info(path).fps or 10.0, input_size=hw,
-    )  # fmt: skip
+    spec, pretrained = model_from_args(ap, args, path, fps=video.info(path).fps or 10.0)
     base = np.asarray(load_clip(path, spec.frame_shape, frames=1, start=args.start))[0]
     try:
         frames = near_still(base, args.frames, args.square)

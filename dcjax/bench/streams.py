@@ -49,17 +49,22 @@ import numpy as np
 
 from dcjax.bench.arguments import (
     at_least,
-    check_input_size,
     check_model,
     check_output,
     check_video,
-    frame_size,
-    input_size,
     nonnegative_int,
     program_parser,
-    width,
 )
-from dcjax.bench.common import load_clip, machine, progress, table, warn_records, write_json
+from dcjax.bench.common import (
+    add_model_args,
+    load_clip,
+    machine,
+    model_from_args,
+    progress,
+    table,
+    warn_records,
+    write_json,
+)
 
 __all__ = ["METHODS", "main", "run", "stream_clips"]
 
@@ -263,34 +268,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--offset", type=at_least(1), default=25,
                     help="frames between stream starts (fewer if the video is short)")  # fmt: skip
     ap.add_argument("--start", type=nonnegative_int, default=0, help="frames to skip first")
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--size", type=frame_size, metavar="HxW", help="run at this frame size")
-    size.add_argument("--native", action="store_true", help="run at the video's own size")
-    ap.add_argument("--pretrained", choices=("auto", "yes", "no"), default="auto",
-                    help="real weights where the zoo has them (auto)")  # fmt: skip
-    ap.add_argument("--width", type=width, default=1.0, help="channel multiplier of zoo models")
+    add_model_args(ap)
     ap.add_argument("--json", default=os.path.join("bench-results", "streams.json"))
     ap.add_argument("--report", metavar="PATH", help="plot of throughput against N (PNG)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = ap.parse_args(argv)
-    from dcjax import models
-    from dcjax.eval import specs
-
     check_model(ap, "--model", args.model)
     path = check_video(ap, "--video", args.video, args.start, need=args.frames)
     check_output(ap, "--json", args.json)
     if args.report:
         check_output(ap, "--report", args.report)
-    hw = input_size(args, path)
-    if hw is not None:
-        check_input_size(ap, "--size", args.model, hw, width=args.width)
-    has = models.has_weights(args.model) and args.width == 1.0
-    if args.pretrained == "yes" and not has:
-        ap.error(f"argument --pretrained: no pretrained weights for {args.model} at this width")
-    spec = specs.model_spec(
-        args.model, pretrained=args.pretrained == "yes" or (args.pretrained == "auto" and has),
-        width=args.width, input_size=hw,
-    )  # fmt: skip
+    spec, _ = model_from_args(ap, args, path)
     need = args.frames + args.offset * (max(args.streams) - 1)
     frames = load_clip(path, spec.frame_shape, frames=need, start=args.start)
     if len(frames) < args.frames:
