@@ -13,7 +13,8 @@ squares and the still-frame skip never applies. The methods, dcjax's dense
 step and plain ``jax.jit`` step over the same frames, interleaved
 (`dcjax.eval.harness.evaluate`). Per method (`floor_summary`):
 
-- ``floor_ms``: the mean step time over the frames not refreshed, and
+- ``floor_ms``: the mean step time over the frames neither refreshed nor
+  skipped (``floor_frames`` of them), and
   ``floor_flops_ratio``: the FLOPs those frames computed, against a full
   recompute (``floor_ideal``: its inverse);
 - ``ceiling``: the dense step's mean over the same frames / ``floor_ms``,
