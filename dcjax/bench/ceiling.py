@@ -29,7 +29,7 @@ from dcjax.bench.arguments import (
     program_parser,
     width,
 )
-from dcjax.bench.common import load_clip, table, write_json
+from dcjax.bench.common import cell, load_clip, table, write_json
 from dcjax.eval.ceiling import best, reuse_ceiling, sweep_configs
 
 __all__ = ["main"]
@@ -38,21 +38,17 @@ _threshold = number(float, lambda v: v > 0, "must be a positive number of dB")
 _target = number(float, lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]")
 
 
-def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
 def _rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     """The printed table's rows."""
     return [
         {
             "setting": r["label"],
-            "ideal": _fmt(r["ideal_speedup"], ".2f") + "x",
-            "ideal (reuse frames)": _fmt(r["ideal_speedup_reuse"], ".2f")
+            "ideal": cell(r["ideal_speedup"], ".2f") + "x",
+            "ideal (reuse frames)": cell(r["ideal_speedup_reuse"], ".2f")
             + ("x" if r["ideal_speedup_reuse"] else ""),
-            "input reuse": _fmt(100 * r["input_reuse"], ".1f") + " %",
+            "input reuse": cell(100 * r["input_reuse"], ".1f") + " %",
             "top-1": "-" if r["top1_agreement"] is None else f"{100 * r['top1_agreement']:.1f} %",
-            "rel MSE": _fmt(r["output_rel_mse"], ".2e"),
+            "rel MSE": cell(r["output_rel_mse"], ".2e"),
         }
         for r in records
     ]

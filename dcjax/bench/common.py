@@ -35,6 +35,7 @@ __all__ = [
     "Timed",
     "Timing",
     "add_model_args",
+    "cell",
     "load_clip",
     "load_spec",
     "machine",
@@ -182,6 +183,12 @@ def model_from_args(
 
 
 # --- output -----------------------------------------------------------------------------
+
+
+def cell(x: float | None, spec: str, unit: str = "") -> str:
+    """An optional number as a table cell: ``format(x, spec) + unit``, or
+    ``"-"`` for None."""
+    return "-" if x is None else format(x, spec) + unit
 
 
 def table(rows: Sequence[dict[str, str]]) -> str:

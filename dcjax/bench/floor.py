@@ -58,6 +58,7 @@ from dcjax.bench.arguments import (
 from dcjax.bench.common import (
     DEMO_METHOD,
     add_model_args,
+    cell,
     load_clip,
     machine,
     model_from_args,
@@ -179,23 +180,19 @@ def floor_summary(
     return out
 
 
-def _cell(x: float | None, spec: str, unit: str = "") -> str:
-    return "-" if x is None else format(x, spec) + unit
-
-
 def _rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     """The printed table's rows: the methods, not the baselines."""
     return [
         {
             "method": r["variant"],
             "plan": str(r["config"].get("plan", "-")),
-            "floor ms": _cell(r["floor_ms"], ".1f"),
-            "dense ms": _cell(r["floor_dense_ms"], ".1f"),
+            "floor ms": cell(r["floor_ms"], ".1f"),
+            "dense ms": cell(r["floor_dense_ms"], ".1f"),
             "ceiling": "-"
             if r["ceiling"] is None
             else metrics.speedup_cell(r["ceiling"], r["ceiling_se"]),
-            "ideal": _cell(r["floor_ideal"], ".1f", "x"),
-            "refresh ms": _cell(r["refresh_frame_ms"], ".1f"),
+            "ideal": cell(r["floor_ideal"], ".1f", "x"),
+            "refresh ms": cell(r["refresh_frame_ms"], ".1f"),
             "mean": metrics.speedup_cell(r["speedup_vs_dense"], r["speedup_vs_dense_se"]),
         }
         for r in records
@@ -267,9 +264,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         records.append(r)
     print(table(_rows(records)))
-    print("floor: mean ms of the frames not refreshed; ceiling: the dense step's mean on those "
-          "frames / floor; ideal: 1 / their FLOP ratio; mean: the clip's speedup over the dense "
-          "step, refreshes included")  # fmt: skip
+    print("floor: mean ms of the frames neither refreshed nor skipped; ceiling: the dense "
+          "step's mean on those frames / floor; ideal: 1 / their FLOP ratio; mean: the clip's "
+          "speedup over the dense step, refreshes included")  # fmt: skip
     for line in _notes(records):
         print(line)
     warn_records(records, lambda r: r["variant"])

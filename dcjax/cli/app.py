@@ -24,9 +24,6 @@ __all__ = ["COMPILATION_CACHE_MAX_BYTES", "build_parser", "compilation_cache_dir
 #: Size past which the command's compilation cache drops its least recently used programs.
 COMPILATION_CACHE_MAX_BYTES = 2 << 30
 
-#: What ``dcjax demo`` compares with the dense step (`dcjax.bench.common.DEMO_METHOD`).
-DEMO_METHOD = common.DEMO_METHOD
-
 
 def _add_size_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=arguments.width, default=1.0,
@@ -95,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="zoo model or bundled ONNX detector (default centerface)")  # fmt: skip
     demo.add_argument(
         "--method",
-        default=DEMO_METHOD,
-        help=f"method spec compared with nocache (default {DEMO_METHOD}: DeepCache "
+        default=common.DEMO_METHOD,
+        help=f"method spec compared with nocache (default {common.DEMO_METHOD}: DeepCache "
         "with no pixel of a reused block changed by more than 10 %% of the range, and "
         "inside the network the change test at 1 %% of each layer's scale)",
     )

@@ -8,7 +8,8 @@ import os
 import jax
 
 from dcjax import autotune, cli, models, video
-from dcjax.cli import app, subcommands
+from dcjax.bench import common
+from dcjax.cli import subcommands
 from dcjax.eval import metrics, registry
 from tests.cli import TINY
 
@@ -106,7 +107,7 @@ def test_demo_writes_report(tmp_path, capsys):
         assert f"href='{png}'" in html
     records = json.loads((out_dir / "metrics.json").read_text())
     assert [r["method"] for r in records] == ["nocache", "deepcache+refine", "plain", "plain"]
-    assert records[1]["variant"] == app.DEMO_METHOD
+    assert records[1]["variant"] == common.DEMO_METHOD
     assert records[1]["config"]["max_pixel_change"] == 0.1
 
 
@@ -181,7 +182,7 @@ def test_demo_defaults_to_centerface_at_the_clips_own_size(tmp_path, capsys):
     assert "top-1 agree" not in text and "top-1 stays" not in text  # a detector has none
     records = json.loads((out_dir / "metrics.json").read_text())
     assert {tuple(r["frame_shape"]) for r in records} == {(224, 224, 3)}
-    assert records[1]["variant"] == app.DEMO_METHOD and records[1]["boxes"] >= 3
+    assert records[1]["variant"] == common.DEMO_METHOD and records[1]["boxes"] >= 3
     blurred = np.stack(list(video.read(out_dir / "blurred.mp4")))
     source = np.stack(list(video.read(clip)))
     assert blurred.shape == source.shape
