@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcjax._compact import BLOCK, SQUARE_MAX, compact
+from dcjax._compact import BLOCK, LIST_BITS, SQUARE_MAX, compact, listed, listing
 
 
 def _expected(flags: np.ndarray, capacity: int) -> np.ndarray:
@@ -58,3 +58,42 @@ def test_compact_across_the_layouts_of_the_prefix_sum(size):
 def test_compact_of_an_empty_array_is_all_fill():
     got = np.asarray(compact(jnp.zeros((0, 5), bool), 3))
     np.testing.assert_array_equal(got, [0, 1, 2])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    density=st.floats(0.0, 1.0),
+    start=st.integers(0, 300),
+    n=st.integers(0, 300),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_listed_slots_are_those_of_compact(shape, density, start, n, seed):
+    """`listed(listing(flags), start, n)` is slots ``start .. start + n - 1`` of
+    numpy's listing: the true entries in order, then ``size + slot``."""
+    flags = np.random.default_rng(seed).random(shape) < density
+    lst = jax.jit(listing)(jnp.asarray(flags))
+    got = np.asarray(jax.jit(listed, static_argnums=2)(lst, start, n))
+    assert got.dtype == np.int32 and got.shape == (n,)
+    np.testing.assert_array_equal(got, _expected(flags, start + n)[start:])
+    assert int(lst.count) == int(flags.sum())
+
+
+@pytest.mark.parametrize("size", [1, LIST_BITS - 1, LIST_BITS, LIST_BITS + 1, 110592])
+def test_listing_of_all_and_of_none_and_of_number_flags(size):
+    """Every flag set (the largest prefix sums), none set, and flags given as
+    numbers (nonzero is set), across the word boundary and at a 288x384 map."""
+    rng = np.random.default_rng(size)
+    numbers = rng.integers(-2, 3, size).astype(np.float32)
+    for flags in (np.ones(size, bool), np.zeros(size, bool), numbers):
+        lst = listing(jnp.asarray(flags))
+        assert int(lst.count) == np.count_nonzero(flags)
+        np.testing.assert_array_equal(
+            np.asarray(listed(lst, 0, size + 3)), _expected(flags != 0, size + 3)
+        )
+
+
+def test_listing_of_an_empty_array_is_all_fill():
+    lst = listing(jnp.zeros((0, 5), bool))
+    assert int(lst.count) == 0
+    np.testing.assert_array_equal(np.asarray(listed(lst, 2, 3)), [2, 3, 4])

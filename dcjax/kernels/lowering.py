@@ -6,7 +6,10 @@ to fp rounding, whichever lowering computes them. The lowerings
 (`LOWERINGS`; `lowerings(p)` lists those that apply to a layer) rewrite the
 shapes XLA:CPU's convolution runs slowly: ``"dot"`` a matrix product of
 patches (`conv_as_dot`), ``"taps"`` a sum over kernel taps (depthwise layers,
-and ungrouped ones on at most `TAPS_MAX_TERMS` inputs per output),
+and ungrouped ones on at most `TAPS_MAX_TERMS` inputs per output) of a padded
+input's slices, ``"edges"`` the same sum of slices of the unpadded input, each
+zero-extended to the output (depthwise layers over whole maps: no padded copy
+of the input; `edges_pays`),
 ``"groups"`` one convolution per group, ``"rgb"`` a zero fourth input
 channel; ``"conv"`` is XLA's own convolution.
 
@@ -47,6 +50,7 @@ __all__ = [
     "conv_as_dot",
     "dense_conv",
     "dot_pays",
+    "edges_pays",
     "group_weights",
     "lowerings",
     "prior",
@@ -57,7 +61,7 @@ __all__ = [
 ]
 
 #: The ways `dense_conv` and `valid_conv` compute a convolution (module docstring).
-LOWERINGS: tuple[str, ...] = ("conv", "dot", "taps", "groups", "rgb")
+LOWERINGS: tuple[str, ...] = ("conv", "dot", "taps", "edges", "groups", "rgb")
 
 #: The lowerings in force while a model is traced: `choice_key` -> lowering
 #: (`use`); None outside, where `prior` decides.
@@ -73,7 +77,7 @@ def lowerings(p: _tiles.TilePlan) -> tuple[str, ...]:
     per output; a depthwise layer (one input channel per group) ``"taps"``,
     another grouped one ``"groups"``."""
     if p.groups > 1:
-        return ("conv", "taps" if p.cin == p.groups else "groups")
+        return ("conv", "taps", "edges") if p.cin == p.groups else ("conv", "groups")
     out = ["conv", "dot"]
     if p.kh * p.kw > 1 and p.kh * p.kw * p.cin <= TAPS_MAX_TERMS:
         out.append("taps")
@@ -84,13 +88,13 @@ def lowerings(p: _tiles.TilePlan) -> tuple[str, ...]:
 
 def prior(p: _tiles.TilePlan) -> str:
     """The lowering of ``p`` by the fixed rules: on CPU a grouped layer's own
-    (``"taps"`` or ``"groups"``), else ``"taps"``, ``"dot"`` or ``"rgb"`` where
-    `taps_pays`, `dot_pays` or `rgb_pays` says so, else ``"conv"``; ``"conv"``
-    on other backends."""
+    (``"edges"`` where `edges_pays`, else ``"taps"`` or ``"groups"``), else
+    ``"taps"``, ``"dot"`` or ``"rgb"`` where `taps_pays`, `dot_pays` or
+    `rgb_pays` says so, else ``"conv"``; ``"conv"`` on other backends."""
     if jax.default_backend() != "cpu":
         return "conv"
     if p.groups > 1:
-        return lowerings(p)[1]
+        return "edges" if edges_pays(p) else lowerings(p)[1]
     if taps_pays(p):
         return "taps"
     if dot_pays(p):
@@ -178,6 +182,8 @@ def valid_conv(x: jax.Array, w: jax.Array | tuple, p: _tiles.TilePlan, how: str)
         return _per_group(x, w, p)
     if how == "dot":  # no VALID form of its own: the fixed rules' for windows
         how = "taps" if taps_pays(p) else "rgb" if rgb_pays(p) else "conv"
+    if how == "edges":  # pre-padded windows have no padding to leave out
+        how = "taps"
     cig = w.shape[2]
     if how == "taps" and g > 1 and cig == 1:
         mult = p.cout // g
@@ -235,6 +241,45 @@ def _tap_sum(x: jax.Array, p: _tiles.TilePlan, term: Callable[..., jax.Array]) -
     return acc
 
 
+def _edge_taps(x: jax.Array, w: jax.Array, p: _tiles.TilePlan) -> jax.Array:
+    """A depthwise convolution with the layer's padding as ``sum over taps of
+    w[tap] * zero-extended slice of x``: each tap's strided slice covers the
+    outputs whose input lies inside ``x`` and is padded with zeros to the
+    output's shape, which XLA fuses into the one pass over the output, so no
+    padded copy of ``x`` is made (``"edges"``)."""
+    (sy, sx), (dy, dx) = p.strides, p.dilation
+    (ply, _), (plx, _) = p.pads
+    mult = p.cout // p.groups
+    if mult > 1:
+        x = jnp.repeat(x, mult, axis=-1)
+    out_dtype = jnp.result_type(x.dtype, w.dtype)
+    n, h, ww, c = x.shape
+    acc = jnp.zeros((n, p.ho, p.wo, c), out_dtype)
+    for ky in range(p.kh):
+        y0, y1 = _inside(ky * dy - ply, sy, p.ho, h)
+        for kx in range(p.kw):
+            x0, x1 = _inside(kx * dx - plx, sx, p.wo, ww)
+            if y0 >= y1 or x0 >= x1:
+                continue  # the tap reads padding only
+            sl = lax.slice(
+                x,
+                (0, y0 * sy + ky * dy - ply, x0 * sx + kx * dx - plx, 0),
+                (n, (y1 - 1) * sy + ky * dy - ply + 1, (x1 - 1) * sx + kx * dx - plx + 1, c),
+                (1, sy, sx, 1),
+            )
+            zero = jnp.zeros((), x.dtype)
+            sl = lax.pad(sl, zero, ((0, 0, 0), (y0, p.ho - y1, 0), (x0, p.wo - x1, 0), (0, 0, 0)))
+            acc = acc + sl.astype(out_dtype) * w[ky, kx, 0].astype(out_dtype)
+    return acc
+
+
+def _inside(offset: int, stride: int, n_out: int, n_in: int) -> tuple[int, int]:
+    """Outputs ``[lo, hi)`` whose input ``o * stride + offset`` lies in ``[0, n_in)``."""
+    lo = max(0, -(offset // stride))  # ceil(-offset / stride)
+    hi = min(n_out, max(lo, -(-(n_in - offset) // stride)))
+    return lo, hi
+
+
 def _per_group(x: jax.Array, ws: tuple, p: _tiles.TilePlan) -> jax.Array:
     """One VALID convolution per group (weights ``ws``), concatenated."""
     cig = ws[0].shape[2]
@@ -287,6 +332,16 @@ TAPS_MAX_TERMS = 27
 #: taps (docs/performance-notes.md, "3x3 RGB convolutions to at most 16 outputs
 #: as a sum of taps on CPU (taps_pays)").
 TAPS_MAX_COUT = 16
+
+
+def edges_pays(p: _tiles.TilePlan) -> bool:
+    """Whether XLA:CPU runs depthwise layer ``p`` over its whole map faster by
+    ``"edges"`` than by ``"taps"``: a stride above 1. A strided sum of taps
+    reads its input with gaps either way, and the padded copy ``"taps"`` makes
+    first is most of its time; at stride 1 the bounds tests inside the fused
+    pass cost more than the copy (docs/performance-notes.md, "Strided
+    depthwise layers without a padded copy (edges_pays)")."""
+    return p.groups > 1 and p.cin == p.groups and max(p.strides) > 1
 
 
 def taps_pays(p: _tiles.TilePlan) -> bool:
@@ -349,7 +404,9 @@ def dense_conv(x: jax.Array, w: jax.Array, p: _tiles.TilePlan, how: str | None =
     fourth input channel, ``"conv"`` as XLA's convolution."""
     out_dtype = jnp.result_type(x.dtype, w.dtype)
     how = chosen(p, out_dtype) if how is None else how
-    if how in ("taps", "groups"):
+    if how == "edges" and p.groups > 1 and p.cin == p.groups:
+        return _edge_taps(x, w, p).astype(out_dtype)
+    if how in ("taps", "groups", "edges"):
         return valid_conv(_tiles.pad_input(x, p), w, p, how).astype(out_dtype)
     if how == "dot":
         return conv_as_dot(x, w, p).astype(out_dtype)

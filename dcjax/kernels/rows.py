@@ -9,8 +9,9 @@ number of such *dirty* pixels, pooled over the batch, decides (`row_schedule`):
   `lax.cond`: see `dcjax.kernels.xla.sparse_or_dense`, which runs the steps
   below as well);
 - otherwise every reusable pixel is ``cached`` bit for bit and only the dirty
-  pixels are computed: their flat indices are listed (`dcjax._compact.compact`,
-  of a static size, once a frame inside the sparse path's loop) and computed
+  pixels are computed: their flags are packed once a frame
+  (`dcjax._compact.listing`, which also counts them) and each step lists the
+  flat indices of its own pixels (`dcjax._compact.listed`); they are computed
   in steps of static sizes ``chunk * 2**j`` (`RowPlan.sizes`), largest first,
   each a loop of zero or one trip that runs when bit j of
   ``ceil(n_dirty / chunk)`` is set: any count is covered with
@@ -54,7 +55,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dcjax._compact import compact
+from dcjax._compact import listed, listing
 from dcjax._loops import halving_schedule, halving_sizes
 from dcjax.kernels import tiles as _tiles
 from dcjax.kernels.geometry import ConvGeometry, Epilogue
@@ -360,12 +361,13 @@ def _products(xps, wms, b, oy, ox, p: _tiles.TilePlan, dtype) -> jax.Array:
 def _rows_unbatched(x, w, reuse_mask, cached, epi_ops, rp: RowPlan, fn=None) -> jax.Array:
     p = rp.tiles
     out_dtype = jnp.result_type(x.dtype, w.dtype)
-    dirty = ~reuse_mask.reshape(-1)
-    use_dense, units = row_schedule(dirty.sum(), rp)
+    # the dirty pixels, packed (`listing`): each step lists its own slots
+    dirty = listing(jnp.logical_not(reuse_mask))
+    use_dense, units = row_schedule(dirty.count, rp)
     hw = p.ho * p.wo
 
-    def step(out, start, size, xp, wm, idx, epi_ops):
-        r = lax.dynamic_slice_in_dim(idx, start, size)
+    def step(out, start, size, xp, wm, dirty, epi_ops):
+        r = listed(dirty, start, size)
         b, rem = r // hw, r % hw  # padding slots: b >= N, dropped by the scatter
         oy, ox = rem // p.wo, rem % p.wo
         bc = jnp.minimum(b, p.n - 1)
@@ -374,9 +376,9 @@ def _rows_unbatched(x, w, reuse_mask, cached, epi_ops, rp: RowPlan, fn=None) -> 
         vals = apply_epilogue(fn, vals, ops, tuple(q[bc, oy, ox] for q in pix))
         return _scatter_rows(out, jnp.stack([b, oy, ox], axis=1), vals)
 
-    def prepare(x, w, dirty, epi_ops):  # once a frame: the dirty list, padding, weights
+    def prepare(x, w, dirty, epi_ops):  # once a frame: padding, weights
         xps, wms = _operands(x if _tap_rows(p) else _tiles.pad_input(x, p), w, p, out_dtype)
-        return xps, wms, compact(dirty, rp.capacity), epi_ops
+        return xps, wms, dirty, epi_ops
 
     def dense(x, w, dirty, epi_ops):
         return apply_epilogue(fn, dense_conv(x, w, p), *epi_ops)

@@ -3,13 +3,16 @@ and which layer shapes take them (dense and sparse paths alike)."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
-from dcjax.kernels import ConvGeometry, masked_conv, plan
+from dcjax.kernels import ConvGeometry, masked_conv, plan, reference
 from tests.kernels._strategies import Case, all_eqns, cases, dense
 
 
@@ -231,3 +234,56 @@ def test_a_sum_of_taps_accumulates_low_precision_inputs_in_float32() -> None:
     err = np.abs(np.asarray(out, np.float32) - np.asarray(exact))
     # one rounding to bfloat16 (8 bits of mantissa) of each output
     assert (err <= np.abs(np.asarray(exact)) * 2.0**-8 + 1e-6).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    hw=st.tuples(st.integers(1, 11), st.integers(1, 11)),
+    mult=st.integers(1, 2),
+    k=st.sampled_from([1, 2, 3, 5]),
+    strides=st.integers(1, 3),
+    dilation=st.integers(1, 2),
+    pads=st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_edges_computes_a_depthwise_convolution_without_padding_its_input(
+    hw, mult, k, strides, dilation, pads, seed
+) -> None:
+    """``"edges"`` equals `lax.conv_general_dilated` for depthwise layers of any
+    strides, dilation, asymmetric padding and channel multiplier, and pads no
+    array as large as its input (only the slices of each tap)."""
+    from dcjax.kernels.lowering import dense_conv, lowerings
+
+    c = 3
+    geom = ConvGeometry(
+        strides=(strides, strides),
+        padding=((pads[0], pads[1]), (pads[2], pads[3])),
+        dilation=(dilation, dilation),
+        groups=c,
+    )
+    span = (k - 1) * dilation + 1
+    if hw[0] + pads[0] + pads[1] < span or hw[1] + pads[2] + pads[3] < span:
+        assume(False)  # no output
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(2, *hw, c)).astype(np.float32)
+    w = rng.normal(size=(k, k, 1, c * mult)).astype(np.float32)
+    p = plan(x.shape, w.shape, geom)
+    assert "edges" in lowerings(p)
+    want = np.asarray(reference.conv(x, w, geom))
+    fn = functools.partial(dense_conv, p=p, how="edges")
+    np.testing.assert_allclose(np.asarray(jax.jit(fn)(x, w)), want, rtol=1e-5, atol=1e-5)
+    jaxpr = jax.make_jaxpr(fn)(x, w).jaxpr
+    padded = [e.outvars[0].aval.shape for e in all_eqns(jaxpr) if e.primitive.name == "pad"]
+    assert all(s[1] * s[2] <= p.ho * p.wo for s in padded), padded
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the fixed rules are CPU's")
+@pytest.mark.parametrize("strides, how", [((1, 1), "taps"), ((2, 2), "edges"), ((1, 2), "edges")])
+def test_the_fixed_rules_take_edges_for_strided_depthwise_layers(strides, how) -> None:
+    from dcjax.kernels.lowering import edges_pays, lowerings, prior
+
+    p = plan((1, 16, 16, 8), (3, 3, 1, 8), ConvGeometry(strides=strides, padding="SAME", groups=8))
+    assert prior(p) == how and edges_pays(p) is (how == "edges")
+    geom = ConvGeometry(strides=(2, 2), padding="SAME", groups=2)
+    grouped = plan((1, 16, 16, 8), (3, 3, 4, 8), geom)
+    assert "edges" not in lowerings(grouped) and prior(grouped) == "groups"

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dcjax._compact import LIST_BITS
 from dcjax.kernels import ConvGeometry, Epilogue, masked_conv, plan, reference_masked_conv
 from dcjax.kernels.lowering import dense_conv
 from dcjax.kernels.reference import conv
@@ -24,7 +25,7 @@ from dcjax.kernels.rows import (
     row_schedule,
     rows_masked_conv,
 )
-from tests.kernels._strategies import Case, all_eqns, cases, check_list_built_in_loops, dense
+from tests.kernels._strategies import Case, all_eqns, cases, dense
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -407,15 +408,27 @@ def test_plan_rejects_bad_parameters() -> None:
         row_plan(p, dense_fraction=1.5)
 
 
-def test_the_dirty_list_is_built_inside_the_sparse_path() -> None:
-    """The list of dirty pixels (`compact`) is made in the loop around the steps, so a
-    frame with nothing dirty, or one that takes the dense path, does not build it:
-    no equation outside the loops yields an integer array of the plan's capacity."""
+def test_the_dirty_pixels_are_listed_by_each_step_not_once_for_the_map() -> None:
+    """Outside its loops the kernel packs the flags (`listing`: arrays of one
+    entry per `LIST_BITS` pixels) and builds no integer array as long as the map
+    or as the plan's capacity; the flat indices are made inside the steps, one
+    slot per row the step computes; with nothing dirty it returns the cache."""
     x = np.ones((1, 16, 16, 8), np.float32)
     w = np.ones((1, 1, 8, 4), np.float32)
-    rp = row_plan(plan(x.shape, w.shape, ConvGeometry(strides=(1, 1), padding="SAME")))
+    geometry = ConvGeometry(strides=(1, 1), padding="SAME")
+    rp = row_plan(plan(x.shape, w.shape, geometry))
 
     def f(x, m, c):
-        return rows_masked_conv(x, w, m, c, ConvGeometry(strides=(1, 1), padding="SAME"))
+        return rows_masked_conv(x, w, m, c, geometry)
 
-    check_list_built_in_loops(f, x, 4, rp.capacity)
+    mask = np.ones((1, 16, 16), bool)
+    jaxpr = jax.make_jaxpr(f)(x, mask, np.zeros((1, 16, 16, 4), np.float32)).jaxpr
+    words = -(-rp.rows // LIST_BITS)
+    top = [v for e in all_eqns(jaxpr, into_loops=False) for v in e.outvars]
+    assert not [v for v in top if jnp.issubdtype(v.aval.dtype, jnp.integer)
+                and v.aval.size > words]  # fmt: skip
+    inner = {v.aval.shape for e in all_eqns(jaxpr) for v in e.outvars
+             if jnp.issubdtype(v.aval.dtype, jnp.integer)}  # fmt: skip
+    assert inner >= {(size,) for size in rp.sizes}
+    cached = np.full((1, 16, 16, 4), 3.0, np.float32)
+    np.testing.assert_array_equal(np.asarray(jax.jit(f)(x, mask, cached)), cached)
