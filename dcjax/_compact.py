@@ -29,8 +29,9 @@ counts it prefix-sums: `Listing.count` is the number of true entries);
 `listed` costs ``O(n log(words))``, whatever the flags' size. Why: a pixel
 map's `compact` makes about eight passes over its flags and its ``capacity``
 slots, each of which XLA:CPU runs as a single-threaded loop (on CenterFace's
-288x384 maps, 0.6 ms a layer), while a sparse step reads only its own slots
-(docs/performance-notes.md, "Dirty pixels listed lazily, per step").
+288x384 maps, 0.6 ms a layer, 1 ms with the count and the mask's negation),
+while a sparse step reads only its own slots (docs/performance-notes.md,
+"Dirty pixels listed lazily, per step").
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["LIST_BITS", "Listing", "compact", "listed", "listing"]
+__all__ = ["LIST_BITS", "LIST_MAX", "Listing", "compact", "listed", "listing"]
 
 
 def compact(flags: jax.Array, capacity: int) -> jax.Array:
@@ -108,15 +109,28 @@ class Listing:
 
     @property
     def count(self) -> jax.Array:
-        """Int32 scalar: the number of true flags."""
-        if self.words.shape[0] == 0:
-            return jnp.int32(0)
-        return self.ends[-1].astype(jnp.int32)
+        """Int32: the number of true flags (per listing, for a batch of them)."""
+        if self.words.shape[-1] == 0:
+            return jnp.zeros(self.words.shape[:-1], jnp.int32)
+        return self.ends[..., -1].astype(jnp.int32)
+
+
+#: Flags a `Listing` takes: its prefix sums are float32, exact below 2**24.
+LIST_MAX = 2**24
 
 
 def listing(flags: jax.Array) -> Listing:
-    """The flags (any shape; nonzero or true counts as set), packed for `listed`."""
+    """The flags (any shape; nonzero or true counts as set), packed for `listed`.
+
+    Raises:
+        ValueError: ``LIST_MAX`` flags or more.
+    """
     flags = jnp.asarray(flags)
+    if flags.size >= LIST_MAX:
+        raise ValueError(
+            f"dcjax: listing takes fewer than {LIST_MAX} flags (its float32 counts are exact "
+            f"below that), got {flags.size}; list the streams' flags apart"
+        )
     f = (flags if flags.dtype == jnp.bool_ else flags != 0).astype(jnp.float32).reshape(-1)
     size = f.shape[0]
     words = -(-size // LIST_BITS)
@@ -133,7 +147,8 @@ def listing(flags: jax.Array) -> Listing:
 def listed(lst: Listing, start: jax.Array | int, n: int) -> jax.Array:
     """Int32 ``(n,)``: slots ``start .. start + n - 1`` of `compact` of the
     listed flags: the flat index of the ``j``-th true flag at slot ``j``, and
-    ``size + j`` at each slot ``j`` past their count."""
+    ``size + j`` at each slot ``j`` past their count. ``lst`` is one listing
+    (map over a batch of them with `jax.vmap`)."""
     j = jnp.asarray(start, jnp.int32) + jnp.arange(n, dtype=jnp.int32)
     total = lst.words.shape[0]
     if total == 0:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcjax._compact import BLOCK, LIST_BITS, SQUARE_MAX, compact, listed, listing
+from dcjax._compact import BLOCK, LIST_BITS, LIST_MAX, SQUARE_MAX, compact, listed, listing
 
 
 def _expected(flags: np.ndarray, capacity: int) -> np.ndarray:
@@ -97,3 +97,14 @@ def test_listing_of_an_empty_array_is_all_fill():
     lst = listing(jnp.zeros((0, 5), bool))
     assert int(lst.count) == 0
     np.testing.assert_array_equal(np.asarray(listed(lst, 2, 3)), [2, 3, 4])
+
+
+def test_a_batch_of_listings_counts_each_and_too_many_flags_are_refused():
+    flags = np.zeros((3, 40), bool)
+    flags[0, :5] = flags[1, 3:10] = flags[2, 39] = True
+    lst = jax.vmap(listing)(jnp.asarray(flags))
+    np.testing.assert_array_equal(np.asarray(lst.count), [5, 7, 1])
+    got = jax.vmap(lambda one: listed(one, 1, 4))(lst)
+    np.testing.assert_array_equal(np.asarray(got), [_expected(f, 5)[1:] for f in flags])
+    with pytest.raises(ValueError, match="fewer than"):
+        jax.eval_shape(listing, jax.ShapeDtypeStruct((LIST_MAX,), jnp.bool_))

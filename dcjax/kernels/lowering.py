@@ -74,8 +74,8 @@ def lowerings(p: _tiles.TilePlan) -> tuple[str, ...]:
     """The lowerings that can compute the layer ``p``: ``"conv"`` always; an
     ungrouped layer also ``"dot"``, ``"rgb"`` on 3 input channels and
     ``"taps"`` with a kernel larger than 1x1 on at most `TAPS_MAX_TERMS` inputs
-    per output; a depthwise layer (one input channel per group) ``"taps"``,
-    another grouped one ``"groups"``."""
+    per output; a depthwise layer (one input channel per group) ``"taps"`` and
+    ``"edges"``, another grouped one ``"groups"``."""
     if p.groups > 1:
         return ("conv", "taps", "edges") if p.cin == p.groups else ("conv", "groups")
     out = ["conv", "dot"]
@@ -173,7 +173,8 @@ def valid_conv(x: jax.Array, w: jax.Array | tuple, p: _tiles.TilePlan, how: str)
     convolution per group, concatenated; ``"rgb"``: with a zero fourth input
     channel; ``"conv"``: XLA's convolution; ``"dot"`` has no VALID form here:
     a sum of taps, a zero fourth channel or XLA's convolution, as `taps_pays`
-    and `rgb_pays` say. Same result as `lax.conv_general_dilated` up to fp
+    and `rgb_pays` say; ``"edges"`` is ``"taps"`` here (windows are padded
+    already). Same result as `lax.conv_general_dilated` up to fp
     rounding.
     ``w`` may be `group_weights`' per-group slices.
     """
@@ -246,15 +247,16 @@ def _edge_taps(x: jax.Array, w: jax.Array, p: _tiles.TilePlan) -> jax.Array:
     w[tap] * zero-extended slice of x``: each tap's strided slice covers the
     outputs whose input lies inside ``x`` and is padded with zeros to the
     output's shape, which XLA fuses into the one pass over the output, so no
-    padded copy of ``x`` is made (``"edges"``)."""
+    padded copy of ``x`` is made (``"edges"``); summed in float32 at least."""
     (sy, sx), (dy, dx) = p.strides, p.dilation
     (ply, _), (plx, _) = p.pads
     mult = p.cout // p.groups
     if mult > 1:
         x = jnp.repeat(x, mult, axis=-1)
     out_dtype = jnp.result_type(x.dtype, w.dtype)
+    acc_dtype = jnp.promote_types(out_dtype, jnp.float32)  # as a convolution accumulates
     n, h, ww, c = x.shape
-    acc = jnp.zeros((n, p.ho, p.wo, c), out_dtype)
+    acc = jnp.zeros((n, p.ho, p.wo, c), acc_dtype)
     for ky in range(p.kh):
         y0, y1 = _inside(ky * dy - ply, sy, p.ho, h)
         for kx in range(p.kw):
@@ -269,8 +271,8 @@ def _edge_taps(x: jax.Array, w: jax.Array, p: _tiles.TilePlan) -> jax.Array:
             )
             zero = jnp.zeros((), x.dtype)
             sl = lax.pad(sl, zero, ((0, 0, 0), (y0, p.ho - y1, 0), (x0, p.wo - x1, 0), (0, 0, 0)))
-            acc = acc + sl.astype(out_dtype) * w[ky, kx, 0].astype(out_dtype)
-    return acc
+            acc = acc + sl.astype(acc_dtype) * w[ky, kx, 0].astype(acc_dtype)
+    return acc.astype(out_dtype)
 
 
 def _inside(offset: int, stride: int, n_out: int, n_in: int) -> tuple[int, int]:
@@ -336,7 +338,8 @@ TAPS_MAX_COUT = 16
 
 def edges_pays(p: _tiles.TilePlan) -> bool:
     """Whether XLA:CPU runs depthwise layer ``p`` over its whole map faster by
-    ``"edges"`` than by ``"taps"``: a stride above 1. A strided sum of taps
+    ``"edges"`` than by ``"taps"``: a stride above 1 (the fixed rules, which
+    tile windows follow too, where ``"edges"`` computes what ``"taps"`` does). A strided sum of taps
     reads its input with gaps either way, and the padded copy ``"taps"`` makes
     first is most of its time; at stride 1 the bounds tests inside the fused
     pass cost more than the copy (docs/performance-notes.md, "Strided
@@ -400,8 +403,9 @@ def conv_as_dot(x: jax.Array, w: jax.Array, p: _tiles.TilePlan) -> jax.Array:
 def dense_conv(x: jax.Array, w: jax.Array, p: _tiles.TilePlan, how: str | None = None) -> jax.Array:
     """The whole convolution by the lowering ``how`` (default: `chosen` for
     ``p`` and the operands' dtype): ``"dot"`` as `conv_as_dot`, ``"taps"`` and
-    ``"groups"`` by `valid_conv` on the padded input, ``"rgb"`` with a zero
-    fourth input channel, ``"conv"`` as XLA's convolution."""
+    ``"groups"`` by `valid_conv` on the padded input, ``"edges"`` (depthwise
+    layers) as zero-extended slices of the unpadded input, ``"rgb"`` with a
+    zero fourth input channel, ``"conv"`` as XLA's convolution."""
     out_dtype = jnp.result_type(x.dtype, w.dtype)
     how = chosen(p, out_dtype) if how is None else how
     if how == "edges" and p.groups > 1 and p.cin == p.groups:

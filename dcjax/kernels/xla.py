@@ -161,7 +161,7 @@ def sparse_or_dense(cached, units, sizes, step, use_dense, dense, operands, prep
     does not either) then ran unconditionally.
 
     ``prepare(*operands)``, if given, returns the operands of ``step`` (the
-    list of dirty pixels or tiles, the padded input, slices of the weights);
+    list of dirty tiles, the padded input, slices of the weights);
     it runs once, before the first step, in a loop of zero or one trip around
     the steps, so it costs nothing on a frame with no step to run (nothing
     dirty, or the dense path) and is not repeated for each step

@@ -275,6 +275,11 @@ def test_edges_computes_a_depthwise_convolution_without_padding_its_input(
     jaxpr = jax.make_jaxpr(fn)(x, w).jaxpr
     padded = [e.outvars[0].aval.shape for e in all_eqns(jaxpr) if e.primitive.name == "pad"]
     assert all(s[1] * s[2] <= p.ho * p.wo for s in padded), padded
+    low = np.asarray(fn(jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16)), np.float32)
+    exact = np.asarray(reference.conv(*(np.asarray(jnp.asarray(a, jnp.bfloat16), np.float32)
+                                        for a in (x, w)), geom))  # fmt: skip
+    # summed in float32, rounded once to bfloat16: within one bfloat16 step
+    np.testing.assert_allclose(low, exact, rtol=2**-8, atol=1e-6)
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the fixed rules are CPU's")

@@ -430,5 +430,6 @@ def test_the_dirty_pixels_are_listed_by_each_step_not_once_for_the_map() -> None
     inner = {v.aval.shape for e in all_eqns(jaxpr) for v in e.outvars
              if jnp.issubdtype(v.aval.dtype, jnp.integer)}  # fmt: skip
     assert inner >= {(size,) for size in rp.sizes}
+    assert not inner & {(rp.capacity,), (rp.rows,)}  # no list of the map's pixels
     cached = np.full((1, 16, 16, 4), 3.0, np.float32)
     np.testing.assert_array_equal(np.asarray(jax.jit(f)(x, mask, cached)), cached)
