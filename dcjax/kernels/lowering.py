@@ -408,9 +408,9 @@ def dense_conv(x: jax.Array, w: jax.Array, p: _tiles.TilePlan, how: str | None =
     zero fourth input channel, ``"conv"`` as XLA's convolution."""
     out_dtype = jnp.result_type(x.dtype, w.dtype)
     how = chosen(p, out_dtype) if how is None else how
-    if how == "edges" and p.groups > 1 and p.cin == p.groups:
+    if how == "edges":  # `lowerings` offers it for depthwise layers only
         return _edge_taps(x, w, p).astype(out_dtype)
-    if how in ("taps", "groups", "edges"):
+    if how in ("taps", "groups"):
         return valid_conv(_tiles.pad_input(x, p), w, p, how).astype(out_dtype)
     if how == "dot":
         return conv_as_dot(x, w, p).astype(out_dtype)
