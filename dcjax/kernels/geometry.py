@@ -7,7 +7,7 @@ and the eqn-level entry points can share these records without import cycles.
   convolution, the record each kernel takes after ``(x, w, reuse_mask, cached)``.
 - `Epilogue`: an elementwise per-channel map the kernels apply to the outputs
   they compute.
-- `plain_conv` / `nhwc_conv`: which ``conv_general_dilated`` equations the
+- `plain_conv` / `nhwc_conv` / `nhwc_layout`: which ``conv_general_dilated`` equations the
   kernels compute.
 - `precision_name`: the `jax.default_matmul_precision` name of an equation's
   ``precision`` param.
@@ -22,7 +22,7 @@ from typing import Any
 import jax
 from jax import lax
 
-__all__ = ["ConvGeometry", "Epilogue", "nhwc_conv", "plain_conv", "precision_name"]
+__all__ = ["ConvGeometry", "Epilogue", "nhwc_conv", "nhwc_layout", "plain_conv", "precision_name"]
 
 Padding = str | tuple[tuple[int, int], ...]
 
@@ -92,12 +92,18 @@ class Epilogue:
 _NHWC = ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
 
 
+def nhwc_layout(params: Mapping[str, Any]) -> bool:
+    """Whether a ``conv_general_dilated`` with these params takes NHWC inputs
+    and HWIO kernels to NHWC outputs."""
+    dn = params["dimension_numbers"]
+    return (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)) == _NHWC
+
+
 def nhwc_conv(params: Mapping[str, Any]) -> bool:
     """Whether a ``conv_general_dilated`` with these params is an NHWC/HWIO
     convolution without input dilation or batch groups."""
-    dn = params["dimension_numbers"]
     return (
-        (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)) == _NHWC
+        nhwc_layout(params)
         and tuple(params["lhs_dilation"]) == (1, 1)
         and params["batch_group_count"] == 1
     )

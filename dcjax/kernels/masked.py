@@ -36,6 +36,7 @@ from dcjax.kernels.geometry import ConvGeometry, Epilogue, nhwc_conv, plain_conv
 from dcjax.kernels.lowering import dense_conv
 from dcjax.kernels.reference import conv, reference_masked_conv
 from dcjax.kernels.rows import rows_masked_conv
+from dcjax.kernels.transposed import subpixel_conv, tiles_output
 from dcjax.kernels.xla import xla_masked_conv
 
 __all__ = [
@@ -163,7 +164,9 @@ def dense_conv_eqn(eqn, invals, *, whole: bool = True) -> jax.Array:
     (the sparse kernels' own dense path) where its lowering
     (`dcjax.kernels.lowering.chosen`: measured on this machine, else the
     fixed rules; the fixed rules on a batch of tile windows, ``whole=False``)
-    is not XLA's convolution; everything else is bound as it is.
+    is not XLA's convolution; on CPU a transposed convolution whose kernel
+    tiles its output as a matrix product (`dcjax.kernels.transposed`);
+    everything else is bound as it is.
     The no-cache baseline and the semantic exits use this so they compute
     convolutions the way the cached step does.
     """
@@ -174,6 +177,8 @@ def dense_conv_eqn(eqn, invals, *, whole: bool = True) -> jax.Array:
         how = _lowering.chosen(tp, jnp.result_type(x.dtype, w.dtype), whole=whole)
         if how != "conv":
             return dense_conv(x, w, tp, how)
+    elif jax.default_backend() == "cpu" and tiles_output(p, w.shape):
+        return subpixel_conv(x, w, p)
     return eqn.primitive.bind(x, w, **p)
 
 
