@@ -1,8 +1,10 @@
 """The reuse ceiling of a zoo model on a video: ``dcjax bench ceiling``.
 
     dcjax bench ceiling --model efficientnet_lite0 --video vtest
+    dcjax bench ceiling --model mobilenet_v2 --video vtest.avi --native
 
-Runs every setting of a sweep of PSNR thresholds, ``RefineConfig.delta``
+At the model's published input size, or ``--size HxW`` / ``--native`` (the
+video's own). Runs every setting of a sweep of PSNR thresholds, ``RefineConfig.delta``
 values and refinement layer rules (a ``delta`` of 0 is plain DeepCache) over
 the same frames with every reuse taken (`dcjax.eval.ceiling.reuse_ceiling`,
 ``kernel="reference"``), prints each setting's ideal speedup against its
@@ -27,9 +29,8 @@ from dcjax.bench.arguments import (
     nonnegative_int,
     number,
     program_parser,
-    width,
 )
-from dcjax.bench.common import cell, load_clip, table, write_json
+from dcjax.bench.common import add_model_args, cell, load_clip, model_from_args, table, write_json
 from dcjax.eval.ceiling import best, reuse_ceiling, sweep_configs
 
 __all__ = ["main"]
@@ -43,9 +44,8 @@ def _rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     return [
         {
             "setting": r["label"],
-            "ideal": cell(r["ideal_speedup"], ".2f") + "x",
-            "ideal (reuse frames)": cell(r["ideal_speedup_reuse"], ".2f")
-            + ("x" if r["ideal_speedup_reuse"] else ""),
+            "ideal": cell(r["ideal_speedup"], ".2f", "x"),
+            "ideal (reuse frames)": cell(r["ideal_speedup_reuse"], ".2f", "x"),
             "input reuse": cell(100 * r["input_reuse"], ".1f") + " %",
             "top-1": "-" if r["top1_agreement"] is None else f"{100 * r['top1_agreement']:.1f} %",
             "rel MSE": cell(r["output_rel_mse"], ".2e"),
@@ -56,13 +56,9 @@ def _rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``dcjax bench ceiling``; returns the exit status (bad arguments exit with status 2)."""
-    from dcjax import models
-    from dcjax.eval import specs
-
     ap = program_parser("ceiling", __doc__)
     ap.add_argument("--model", default="efficientnet_lite0", help="zoo model")
-    ap.add_argument("--pretrained", choices=("auto", "yes", "no"), default="auto",
-                    help="real weights where available (auto), always, never")  # fmt: skip
+    add_model_args(ap)
     ap.add_argument("--video", default="vtest", help="video file or bundled clip name")
     ap.add_argument("--frames", type=at_least(2), default=80, help="frames (default 80)")
     ap.add_argument("--start", type=nonnegative_int, default=0, help="frames to skip first")
@@ -74,26 +70,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="refinement layer rules (default auto)")  # fmt: skip
     ap.add_argument("--target", type=_target, default=0.97,
                     help="top-1 agreement the best setting must keep (default 0.97)")  # fmt: skip
-    ap.add_argument("--width", type=width, default=1.0, help="channel multiplier of zoo models")
     ap.add_argument("--out", default=os.path.join("bench-results", "ceiling.json"))
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     check_model(ap, "--model", args.model)
     path = check_video(ap, "--video", args.video, args.start)
-    has_weights = models.has_weights(args.model)
-    if args.pretrained == "yes" and not (has_weights and args.width == 1.0):
-        ap.error(
-            f"argument --pretrained: {args.model}'s pretrained weights are for --width 1 only"
-            if has_weights
-            else f"argument --pretrained: {args.model} has no pretrained weights (use auto or no)"
-        )
-    want = args.pretrained == "yes" or (args.pretrained == "auto" and has_weights
-                                        and args.width == 1.0)  # fmt: skip
-    spec = specs.model_spec(args.model, pretrained=want, width=args.width)
+    spec, want = model_from_args(ap, args, path)
     # a video that breaks part way runs on the frames decoded before the break
     frames = load_clip(path, spec.frame_shape, frames=args.frames, start=args.start)
     weights = "pretrained" if want else "random-weight"
-    print(f"{weights} {args.model} over {len(frames)} frames of {args.video} "
+    h, w = spec.frame_shape[:2]
+    print(f"{weights} {args.model} at {h}x{w} over {len(frames)} frames of {args.video} "
           f"from frame {args.start}, every reuse taken (kernel='reference')")  # fmt: skip
     configs = sweep_configs(args.thresholds, args.deltas, args.layers)
     records = reuse_ceiling(
@@ -101,7 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress=not args.no_progress and sys.stderr.isatty(),
     )  # fmt: skip
     for r in records:
-        r.update(model=args.model, video=args.video, pretrained=bool(want), start=args.start)
+        r.update(
+            model=args.model, video=args.video, pretrained=bool(want), start=args.start,
+            width=args.width, frame_shape=list(spec.frame_shape),
+        )  # fmt: skip
     print(table(_rows(records)))
     top = best(records, args.target)
     if records[0]["top1_agreement"] is None:
