@@ -71,6 +71,9 @@ class CachePolicy(Policy):
     ) -> None:
         self._plan, self._kernel = plan, config.kernel
         self._state, self._ctx, self._kept = state, ctx, kept
+        # the outputs the sparse kernels wrote this frame: buffers, not values
+        # XLA may fuse into their readers (`kernels.dense_conv_eqn`'s ``materialized``)
+        self._written: list = []
         self.refines = plan.refines
         if plan.refines:
             self._refiner = InputRefiner(
@@ -120,7 +123,9 @@ class CachePolicy(Policy):
         if lp.deferred:  # the chain's expansion or depthwise layer: computed with its last
             return _Deferred(eqn, invals, epilogue), LayerResult(mask=mask, cache=old)
         if not lp.keeps_cache:
-            return kernels.dense_conv_eqn(eqn, invals), LayerResult(mask=mask, cache=old)
+            written = any(invals[0] is o for o in self._written)
+            out = kernels.dense_conv_eqn(eqn, invals, materialized=written)
+            return out, LayerResult(mask=mask, cache=old)
         sig = lp.layer.signature
         dy, dx, _ = self._ctx.shift(sig)
         # Shifted in the state's shape (`cache_shape`): a loop carrying the
@@ -139,6 +144,7 @@ class CachePolicy(Policy):
                 scattered=lp.refined, epilogue=epilogue,
                 tile=None if k is None else k.tile, chunk=None if k is None else k.chunk,
             )  # fmt: skip
+        self._written.append(out)
         return out, LayerResult(mask=mask, cache=out)
 
 

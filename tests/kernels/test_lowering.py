@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from jax import lax
 
 from dcjax.kernels import ConvGeometry, masked_conv, plan, reference
 from tests.kernels._strategies import Case, all_eqns, cases, dense
@@ -292,3 +293,40 @@ def test_the_fixed_rules_take_edges_for_strided_depthwise_layers(strides, how) -
     geom = ConvGeometry(strides=(2, 2), padding="SAME", groups=2)
     grouped = plan((1, 16, 16, 8), (3, 3, 4, 8), geom)
     assert "edges" not in lowerings(grouped) and prior(grouped) == "groups"
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the fixed rules are CPU's")
+def test_edges_only_for_an_input_a_kernel_wrote() -> None:
+    """`dense_conv_eqn` takes ``"edges"`` for a strided depthwise layer only
+    where its input is ``materialized``; else ``"taps"`` (a padded copy, into
+    which XLA fuses the input's producer once, where each tap of ``"edges"``
+    would recompute it). Both equal XLA's convolution."""
+    from dcjax.kernels import dense_conv_eqn
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(1, 12, 16, 6)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(3, 3, 1, 6)), jnp.float32)
+    jaxpr = jax.make_jaxpr(
+        lambda x, w: lax.conv_general_dilated(
+            x, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=6
+        )
+    )(x, w)
+    (eqn,) = jaxpr.jaxpr.eqns
+
+    def padded_copies(materialized: bool) -> int:
+        fn = functools.partial(
+            lambda x, w, m: dense_conv_eqn(eqn, [jnp.maximum(x, 0.0), w], materialized=m),
+            m=materialized,
+        )
+        np.testing.assert_allclose(
+            np.asarray(fn(x, w)),
+            np.asarray(lax.conv_general_dilated_p.bind(jnp.maximum(x, 0.0), w, **eqn.params)),
+            rtol=1e-5,
+            atol=1e-5,
+        )
+        shapes = [e.outvars[0].aval.shape for e in all_eqns(jax.make_jaxpr(fn)(x, w).jaxpr)
+                  if e.primitive.name == "pad"]  # fmt: skip
+        return sum(s[1] * s[2] >= 12 * 16 for s in shapes)
+
+    assert padded_copies(materialized=False) == 1
+    assert padded_copies(materialized=True) == 0
