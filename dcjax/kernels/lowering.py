@@ -9,7 +9,9 @@ patches (`conv_as_dot`), ``"taps"`` a sum over kernel taps (depthwise layers,
 and ungrouped ones on at most `TAPS_MAX_TERMS` inputs per output) of a padded
 input's slices, ``"edges"`` the same sum of slices of the unpadded input, each
 zero-extended to the output (depthwise layers over whole maps: no padded copy
-of the input; `edges_pays`),
+of the input; `edges_pays`; `dcjax.kernels.dense_conv_eqn` takes it only for
+an input a kernel wrote, since XLA fuses an elementwise producer into each
+tap),
 ``"groups"`` one convolution per group, ``"rgb"`` a zero fourth input
 channel; ``"conv"`` is XLA's own convolution.
 
@@ -343,7 +345,9 @@ def edges_pays(p: _tiles.TilePlan) -> bool:
     reads its input with gaps either way, and the padded copy ``"taps"`` makes
     first is most of its time; at stride 1 the bounds tests inside the fused
     pass cost more than the copy (docs/performance-notes.md, "Strided
-    depthwise layers without a padded copy (edges_pays)")."""
+    depthwise layers without a padded copy (edges_pays)"). Measured on an
+    input in a buffer of its own: `dcjax.kernels.dense_conv_eqn` takes
+    ``"taps"`` instead where the input is an elementwise producer's."""
     return p.groups > 1 and p.cin == p.groups and max(p.strides) > 1
 
 
