@@ -3,6 +3,7 @@ and which layer shapes take them (dense and sparse paths alike)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -295,6 +296,19 @@ def test_the_fixed_rules_take_edges_for_strided_depthwise_layers(strides, how) -
     assert "edges" not in lowerings(grouped) and prior(grouped) == "groups"
 
 
+@contextlib.contextmanager
+def _prior_taps(p):
+    """The fixed rules taking ``"taps"`` for ``p``: only a measured choice says ``"edges"``."""
+    from dcjax.kernels import lowering
+
+    saved = lowering.edges_pays
+    lowering.edges_pays = lambda q: False if q == p else saved(q)
+    try:
+        yield
+    finally:
+        lowering.edges_pays = saved
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the fixed rules are CPU's")
 def test_edges_only_for_an_input_a_kernel_wrote() -> None:
     """`dense_conv_eqn` takes ``"edges"`` for a strided depthwise layer only
@@ -330,3 +344,11 @@ def test_edges_only_for_an_input_a_kernel_wrote() -> None:
 
     assert padded_copies(materialized=False) == 1
     assert padded_copies(materialized=True) == 0
+    # a measured choice of "edges" (`lowering.use`, what the tuning keeps) alike
+    from dcjax.kernels.lowering import choice_key, chosen, prior, use
+
+    tp = plan(x.shape, w.shape, ConvGeometry.from_params(eqn.params))
+    with use({choice_key(tp): "edges"}), _prior_taps(tp):
+        assert chosen(tp) == "edges" and prior(tp) == "taps"
+        assert padded_copies(materialized=False) == 1
+        assert padded_copies(materialized=True) == 0
