@@ -9,9 +9,8 @@ patches (`conv_as_dot`), ``"taps"`` a sum over kernel taps (depthwise layers,
 and ungrouped ones on at most `TAPS_MAX_TERMS` inputs per output) of a padded
 input's slices, ``"edges"`` the same sum of slices of the unpadded input, each
 zero-extended to the output (depthwise layers over whole maps: no padded copy
-of the input; `edges_pays`; `dcjax.kernels.dense_conv_eqn` takes it only for
-an input a kernel wrote, since XLA fuses an elementwise producer into each
-tap),
+of the input; `edges_pays`; `chosen` gives it only for a ``materialized``
+input, since XLA fuses an elementwise producer into each tap),
 ``"groups"`` one convolution per group, ``"rgb"`` a zero fourth input
 channel; ``"conv"`` is XLA's own convolution.
 
@@ -136,15 +135,21 @@ def use(mapping: Mapping[str, str]) -> Iterator[None]:
         _CHOICES.reset(token)
 
 
-def chosen(p: _tiles.TilePlan, dtype=jnp.float32, *, whole: bool = True) -> str:
+def chosen(
+    p: _tiles.TilePlan, dtype=jnp.float32, *, whole: bool = True, materialized: bool = True
+) -> str:
     """The lowering of the layer ``p`` at ``dtype``: over its whole map
     (``whole``), the current `use` block's choice, else `prior`; on tile
     windows (``whole=False``), `prior`: the measured choices time whole maps,
     and a window batch is another shape (with the measured choices on its
     windows too, MobileNetV2's streams at 576x768 ran slower:
-    docs/performance-notes.md)."""
+    docs/performance-notes.md). ``"edges"`` only for an input that is
+    ``materialized`` (a buffer, such as a kernel's operand), else ``"taps"``:
+    XLA:CPU fuses an elementwise producer of the input into each of its
+    slices, where ``"taps"`` fuses it into the one padded copy."""
     current = _CHOICES.get() if whole else None
-    return (current or {}).get(choice_key(p, dtype)) or prior(p)
+    how = (current or {}).get(choice_key(p, dtype)) or prior(p)
+    return "taps" if how == "edges" and not materialized else how
 
 
 def group_weights(w: jax.Array, p: _tiles.TilePlan, how: str) -> jax.Array | tuple:
@@ -346,8 +351,8 @@ def edges_pays(p: _tiles.TilePlan) -> bool:
     first is most of its time; at stride 1 the bounds tests inside the fused
     pass cost more than the copy (docs/performance-notes.md, "Strided
     depthwise layers without a padded copy (edges_pays)"). Measured on an
-    input in a buffer of its own: `dcjax.kernels.dense_conv_eqn` takes
-    ``"taps"`` instead where the input is an elementwise producer's."""
+    input in a buffer of its own: `chosen` gives ``"taps"`` instead where the
+    input is an elementwise producer's."""
     return p.groups > 1 and p.cin == p.groups and max(p.strides) > 1
 
 

@@ -170,21 +170,18 @@ def dense_conv_eqn(eqn, invals, *, whole: bool = True, materialized: bool = Fals
     The no-cache baseline and the semantic exits use this so they compute
     convolutions the way the cached step does.
 
-    ``"edges"`` is taken only for an input that is ``materialized`` (a
-    buffer some kernel wrote, such as a sparse kernel's output), else
-    ``"taps"``: XLA:CPU fuses an elementwise producer of the input (the last
-    layer's batch norm and activation) into each of the taps' slices,
-    computing it once per tap, where ``"taps"`` fuses it into the one padded
-    copy (docs/performance-notes.md, "Strided depthwise layers without a
-    padded copy (edges_pays)").
+    ``materialized``: the input is a buffer some kernel wrote (a sparse
+    kernel's output), not a value XLA may fuse into its readers (the last
+    layer's batch norm and activation): only then ``"edges"``
+    (`dcjax.kernels.lowering.chosen`; docs/performance-notes.md, "Strided
+    depthwise layers without a padded copy (edges_pays)").
     """
     p = eqn.params
     x, w = invals
     if nhwc_conv(p):
         tp = _tiles.plan(x.shape, w.shape, ConvGeometry.from_params(p))
-        how = _lowering.chosen(tp, jnp.result_type(x.dtype, w.dtype), whole=whole)
-        if how == "edges" and not materialized:
-            how = "taps"
+        dtype = jnp.result_type(x.dtype, w.dtype)
+        how = _lowering.chosen(tp, dtype, whole=whole, materialized=materialized)
         if how != "conv":
             return dense_conv(x, w, tp, how)
     elif jax.default_backend() == "cpu" and tiles_output(p, w.shape):
